@@ -1,0 +1,2 @@
+//! The Context Service server.
+fn main() {}

@@ -1,0 +1,2 @@
+//! `contextctl`: the command-line client.
+fn main() {}
