@@ -6,3 +6,4 @@
 //! nothing in `api` knows about Kubernetes objects.
 
 pub mod bundle;
+pub mod cli;
