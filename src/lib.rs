@@ -5,5 +5,14 @@
 //! `backend` / `store` / `bundle`. Nothing in `bundle` knows about HTTP and
 //! nothing in `api` knows about Kubernetes objects.
 
+pub mod api;
+pub mod app;
+pub mod auth;
 pub mod bundle;
 pub mod cli;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod fsutil;
+pub mod server;
+pub mod telemetry;

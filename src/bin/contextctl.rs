@@ -3,22 +3,44 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use context_service::cli::OutputFormat;
+use context_service::cli::{self, token::TokenArgs, ConnectionArgs, OutputFormat};
 
 #[derive(Debug, Parser)]
-#[command(name = "contextctl", version, about = "Command-line client for Context Service")]
+#[command(
+    name = "contextctl",
+    version,
+    about = "Command-line client for Context Service"
+)]
 struct Cli {
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Text)]
     output: OutputFormat,
+    #[command(flatten)]
+    conn: ConnectionArgs,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Check that the service answers.
+    Health,
+    /// Print the local development token, or mint one.
+    Token(TokenArgs),
+}
 
-fn main() -> ExitCode {
+#[tokio::main]
+async fn main() -> ExitCode {
+    // A missing .env is normal; a broken one is worth saying.
+    if let Err(e) = dotenvy::dotenv() {
+        if !e.not_found() {
+            eprintln!("contextctl: ignoring .env: {e}");
+        }
+    }
     let cli = Cli::parse();
-    match cli.command {}
+    let result = match cli.command {
+        Command::Health => cli::health(&cli.conn, cli.output).await,
+        Command::Token(args) => cli::token::run(args, &cli.conn, cli.output),
+    };
+    result.unwrap_or_else(|e| cli::fail(&e))
 }

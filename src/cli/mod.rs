@@ -26,3 +26,57 @@ pub fn fail(err: &anyhow::Error) -> ExitCode {
     eprintln!("contextctl: {err:#}");
     ExitCode::from(EXIT_FAILURE)
 }
+
+pub mod token;
+
+use std::path::PathBuf;
+
+use crate::client::ClientSettings;
+
+/// How `contextctl` reaches the service; flags win over the environment.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConnectionArgs {
+    /// Service URL [env: CONTEXT_SERVICE_URL; default http://127.0.0.1:8080].
+    #[arg(long, global = true)]
+    pub url: Option<String>,
+    /// Bearer token [env: CONTEXT_SERVICE_TOKEN; default: the local service's
+    /// development token].
+    #[arg(long, global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Data dir of a local service, to find its development token
+    /// [env: CS_DATA_DIR; default ./data].
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+}
+
+impl ConnectionArgs {
+    /// The client settings these flags describe.
+    pub fn settings(&self) -> ClientSettings {
+        ClientSettings {
+            url: self.url.clone(),
+            token: self.token.clone(),
+            data_dir: self.data_dir.clone(),
+        }
+    }
+}
+
+/// Prints `value` as pretty JSON on stdout.
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Runs `contextctl health`.
+pub async fn health(conn: &ConnectionArgs, output: OutputFormat) -> anyhow::Result<ExitCode> {
+    let client = conn.settings().client()?;
+    let status = client.health().await?;
+    match output {
+        OutputFormat::Json => print_json(&status)?,
+        OutputFormat::Text => println!(
+            "{}: {}",
+            client.base_url(),
+            status["status"].as_str().unwrap_or("unknown")
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}

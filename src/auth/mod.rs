@@ -1,0 +1,195 @@
+//! Authentication and authorisation: bearer JWT verification, scopes, the
+//! owner identity, delegation by trusted services, and the owner-scope HMAC.
+//!
+//! The algorithm of a token is always fixed by the key that verifies it
+//! (selected by `kid`), never by the token's header.
+
+pub mod dev;
+mod keys;
+mod owner;
+mod principal;
+
+pub use keys::{KeyError, KeySet, VerifyingKey};
+pub use owner::OwnerScope;
+pub use principal::{Principal, Scope};
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::HeaderMap;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{decode, decode_header, Validation};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+
+/// Header a trusted service uses to act for a user: `user:<id>`.
+pub const SUBJECT_HEADER: &str = "x-context-subject";
+
+/// Longest leeway the design allows for `exp`/`nbf`.
+pub const MAX_LEEWAY_SECS: u64 = 60;
+
+/// The claims a token carries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Claims {
+    /// The owner (user or service) the token speaks for.
+    pub sub: String,
+    /// Issuer.
+    pub iss: String,
+    /// Audience.
+    pub aud: String,
+    /// Expiry, seconds since the epoch.
+    pub exp: u64,
+    /// Issued-at, seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iat: Option<u64>,
+    /// Not-before, seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<u64>,
+    /// Space-separated scopes.
+    #[serde(default)]
+    pub scope: String,
+}
+
+/// What a token must say about where it comes from and whom it is for.
+#[derive(Debug, Clone)]
+pub struct TokenPolicy {
+    /// Required `iss`.
+    pub issuer: String,
+    /// Required `aud`.
+    pub audience: String,
+    /// Clock leeway for `exp`/`nbf`, at most [`MAX_LEEWAY_SECS`].
+    pub leeway_secs: u64,
+}
+
+impl Default for TokenPolicy {
+    fn default() -> Self {
+        Self {
+            issuer: "context-service".to_owned(),
+            audience: "context-service".to_owned(),
+            leeway_secs: 30,
+        }
+    }
+}
+
+/// Verifies bearer tokens and turns them into [`Principal`]s.
+#[derive(Debug)]
+pub struct Authenticator {
+    keys: KeySet,
+    policy: TokenPolicy,
+}
+
+impl Authenticator {
+    /// An authenticator that trusts `keys` under `policy`.
+    pub fn new(keys: KeySet, mut policy: TokenPolicy) -> Self {
+        policy.leeway_secs = policy.leeway_secs.min(MAX_LEEWAY_SECS);
+        Self { keys, policy }
+    }
+
+    /// Verifies `token` and, when `delegated_subject` is given (the value of
+    /// `X-Context-Subject`), checks the token may act for that subject.
+    pub fn authenticate(
+        &self,
+        token: &str,
+        delegated_subject: Option<&str>,
+    ) -> Result<Principal, ApiError> {
+        let claims = self.verify(token)?;
+        let scopes: HashSet<String> = claims.scope.split_whitespace().map(str::to_owned).collect();
+        let principal = Principal::new(claims.sub, scopes);
+        match delegated_subject {
+            None => Ok(principal),
+            Some(value) => principal.delegate(value),
+        }
+    }
+
+    /// Verifies signature, algorithm, `iss`, `aud`, `exp` and `nbf`.
+    pub fn verify(&self, token: &str) -> Result<Claims, ApiError> {
+        let header = decode_header(token)
+            .map_err(|e| ApiError::token_invalid(format!("malformed token: {e}")))?;
+        let key = self
+            .keys
+            .select(header.kid.as_deref(), header.alg)
+            .ok_or_else(|| {
+                ApiError::token_invalid("no trusted key matches the token's kid and algorithm")
+            })?;
+        let mut validation = Validation::new(key.algorithm());
+        validation.algorithms = vec![key.algorithm()];
+        validation.set_issuer(&[&self.policy.issuer]);
+        validation.set_audience(&[&self.policy.audience]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        validation.leeway = self.policy.leeway_secs;
+        validation.validate_nbf = true;
+        let data = decode::<Claims>(token, key.decoding_key(), &validation).map_err(|e| match e
+            .kind()
+        {
+            ErrorKind::ExpiredSignature => ApiError::token_expired(),
+            ErrorKind::ImmatureSignature => ApiError::token_invalid("the token is not valid yet"),
+            ErrorKind::InvalidIssuer => {
+                ApiError::token_invalid("the token's issuer is not trusted")
+            }
+            ErrorKind::InvalidAudience => {
+                ApiError::token_invalid("the token is not meant for this service")
+            }
+            ErrorKind::InvalidSignature => {
+                ApiError::token_invalid("the token's signature does not verify")
+            }
+            ErrorKind::MissingRequiredClaim(c) => {
+                ApiError::token_invalid(format!("the token lacks the claim {c:?}"))
+            }
+            _ => ApiError::token_invalid(format!("the token does not verify: {e}")),
+        })?;
+        if data.claims.sub.is_empty() {
+            return Err(ApiError::token_invalid("the token's subject is empty"));
+        }
+        Ok(data.claims)
+    }
+
+    /// Authenticates a request from its headers.
+    pub fn authenticate_headers(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        let token = bearer_token(headers)?;
+        let subject = match headers.get(SUBJECT_HEADER) {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| {
+                ApiError::invalid_request("X-Context-Subject must be visible ASCII")
+            })?),
+        };
+        self.authenticate(token, subject)
+    }
+}
+
+/// Extracts the bearer token from `Authorization`.
+fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .ok_or_else(ApiError::token_required)?;
+    let value = value
+        .to_str()
+        .map_err(|_| ApiError::token_invalid("the Authorization header is not ASCII"))?;
+    let (scheme, token) = value
+        .split_once(' ')
+        .ok_or_else(|| ApiError::token_invalid("expected \"Authorization: Bearer <token>\""))?;
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Err(ApiError::token_invalid(
+            "expected \"Authorization: Bearer <token>\"",
+        ));
+    }
+    Ok(token.trim())
+}
+
+impl<S> FromRequestParts<S> for Principal
+where
+    S: Send + Sync,
+    Arc<Authenticator>: FromRef<S>,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let auth = Arc::<Authenticator>::from_ref(state);
+        auth.authenticate_headers(&parts.headers)
+    }
+}
+
+#[cfg(test)]
+mod tests;

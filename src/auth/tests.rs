@@ -1,0 +1,337 @@
+//! Token verification against the attacks the design names.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+
+use super::dev::DevIssuer;
+use super::*;
+
+const ES256_PEM: &[u8] = include_bytes!("testdata/es256.pem");
+const RS256_PEM: &[u8] = include_bytes!("testdata/rs256.pem");
+const TEST_JWKS: &str = include_str!("testdata/jwks.json");
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn claims(sub: &str, scope: &str) -> Claims {
+    let policy = TokenPolicy::default();
+    Claims {
+        sub: sub.into(),
+        iss: policy.issuer,
+        aud: policy.audience,
+        exp: now() + 600,
+        iat: Some(now()),
+        nbf: None,
+        scope: scope.into(),
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    issuer: DevIssuer,
+    auth: Authenticator,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = DevIssuer::ensure(dir.path()).unwrap();
+    let mut keys = KeySet::new();
+    keys.add_jwks(&issuer.jwks()).unwrap();
+    keys.add_jwks(&serde_json::from_str(TEST_JWKS).unwrap())
+        .unwrap();
+    Fixture {
+        _dir: dir,
+        issuer,
+        auth: Authenticator::new(keys, TokenPolicy::default()),
+    }
+}
+
+fn code(result: Result<Principal, ApiError>) -> &'static str {
+    result.expect_err("token must be refused").code()
+}
+
+#[test]
+fn dev_token_verifies_with_its_scopes() {
+    let f = fixture();
+    let token = f
+        .issuer
+        .mint(
+            &TokenPolicy::default(),
+            "alice",
+            "pools:read workloads:write",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    let p = f.auth.authenticate(&token, None).unwrap();
+    assert_eq!(p.subject(), "alice");
+    assert!(p.has(Scope::PoolsRead));
+    assert!(p.require(Scope::WorkloadsWrite).is_ok());
+    let missing = p.require(Scope::PoolsWrite).unwrap_err();
+    assert_eq!(missing.code(), "scope_missing");
+    assert_eq!(missing.status(), 403);
+    assert!(missing.message().contains("pools:write"));
+}
+
+#[test]
+fn dev_key_is_reused_across_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = DevIssuer::ensure(dir.path()).unwrap();
+    let b = DevIssuer::ensure(dir.path()).unwrap();
+    assert_eq!(a.kid(), b.kid());
+    let path = a
+        .write_dev_token(dir.path(), &TokenPolicy::default())
+        .unwrap();
+    let token = std::fs::read_to_string(path).unwrap();
+    let mut keys = KeySet::new();
+    keys.add_jwks(&b.jwks()).unwrap();
+    let auth = Authenticator::new(keys, TokenPolicy::default());
+    assert_eq!(
+        auth.authenticate(token.trim(), None).unwrap().subject(),
+        dev::DEV_SUBJECT
+    );
+}
+
+#[test]
+fn es256_and_rs256_keys_from_jwks_verify() {
+    let f = fixture();
+    for (alg, kid, pem) in [
+        (Algorithm::ES256, "test-es256", ES256_PEM),
+        (Algorithm::RS256, "test-rs256", RS256_PEM),
+    ] {
+        let key = match alg {
+            Algorithm::ES256 => EncodingKey::from_ec_pem(pem).unwrap(),
+            _ => EncodingKey::from_rsa_pem(pem).unwrap(),
+        };
+        let mut header = Header::new(alg);
+        header.kid = Some(kid.into());
+        let token = encode(&header, &claims("bob", "pools:read"), &key).unwrap();
+        assert_eq!(f.auth.authenticate(&token, None).unwrap().subject(), "bob");
+        // The same token under the other key's kid does not verify.
+        let other = if kid == "test-es256" {
+            "test-rs256"
+        } else {
+            "test-es256"
+        };
+        let mut header = Header::new(alg);
+        header.kid = Some(other.into());
+        let token = encode(&header, &claims("bob", "pools:read"), &key).unwrap();
+        assert_eq!(code(f.auth.authenticate(&token, None)), "token_invalid");
+    }
+}
+
+#[test]
+fn wrong_signature_is_invalid() {
+    let f = fixture();
+    let stranger_dir = tempfile::tempdir().unwrap();
+    let stranger = DevIssuer::ensure(stranger_dir.path()).unwrap();
+    let token = stranger
+        .mint(
+            &TokenPolicy::default(),
+            "alice",
+            "pools:read",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    // Same kid as the trusted key, forged with another key.
+    let parts: Vec<&str> = token.split('.').collect();
+    let mut header: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(parts[0])
+            .unwrap(),
+    )
+    .unwrap();
+    header["kid"] = f.issuer.kid().into();
+    let forged = format!(
+        "{}.{}.{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(header.to_string()),
+        parts[1],
+        parts[2]
+    );
+    let err = f.auth.authenticate(&forged, None).unwrap_err();
+    assert_eq!(err.code(), "token_invalid");
+    assert!(err.message().contains("signature"), "{}", err.message());
+}
+
+#[test]
+fn alg_none_is_invalid() {
+    let f = fixture();
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header = b64.encode(format!(
+        r#"{{"alg":"none","typ":"JWT","kid":"{}"}}"#,
+        f.issuer.kid()
+    ));
+    let body = b64.encode(serde_json::to_vec(&claims("alice", "pools:read")).unwrap());
+    for token in [format!("{header}.{body}."), format!("{header}.{body}")] {
+        assert_eq!(code(f.auth.authenticate(&token, None)), "token_invalid");
+    }
+}
+
+#[test]
+fn hs256_with_the_public_key_as_secret_is_invalid() {
+    let f = fixture();
+    let public = serde_json::to_vec(&f.issuer.jwks()).unwrap();
+    let x = match &f.issuer.jwks().keys[0].algorithm {
+        jsonwebtoken::jwk::AlgorithmParameters::OctetKeyPair(p) => p.x.clone(),
+        other => panic!("not an OKP key: {other:?}"),
+    };
+    for secret in [public.clone(), x.into_bytes()] {
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some(f.issuer.kid().into());
+        let token = encode(
+            &header,
+            &claims("alice", "pools:read"),
+            &EncodingKey::from_secret(&secret).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(code(f.auth.authenticate(&token, None)), "token_invalid");
+        // Without a kid: HS256 is not configured, so nothing verifies it.
+        let token = encode(
+            &Header::new(Algorithm::HS256),
+            &claims("alice", "pools:read"),
+            &EncodingKey::from_secret(&secret).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(code(f.auth.authenticate(&token, None)), "token_invalid");
+    }
+}
+
+#[test]
+fn hs256_works_only_when_configured() {
+    let secret = b"0123456789abcdef0123456789abcdef";
+    let mut keys = KeySet::new();
+    assert!(matches!(
+        keys.set_hs256_secret(b"short"),
+        Err(KeyError::WeakSecret)
+    ));
+    keys.set_hs256_secret(secret).unwrap();
+    let auth = Authenticator::new(keys, TokenPolicy::default());
+    let token = encode(
+        &Header::new(Algorithm::HS256),
+        &claims("carol", "workloads:read"),
+        &EncodingKey::from_secret(secret).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(auth.authenticate(&token, None).unwrap().subject(), "carol");
+    let wrong = encode(
+        &Header::new(Algorithm::HS256),
+        &claims("carol", "workloads:read"),
+        &EncodingKey::from_secret(b"another-secret-another-secret-xx").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(code(auth.authenticate(&wrong, None)), "token_invalid");
+}
+
+#[test]
+fn expired_not_yet_valid_wrong_audience_and_issuer() {
+    let f = fixture();
+    let key = EncodingKey::from_ec_pem(ES256_PEM).unwrap();
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = Some("test-es256".into());
+    let sign = |c: &Claims| encode(&header, c, &key).unwrap();
+
+    let mut c = claims("alice", "pools:read");
+    c.exp = now() - 3600;
+    assert_eq!(code(f.auth.authenticate(&sign(&c), None)), "token_expired");
+
+    let mut c = claims("alice", "pools:read");
+    c.nbf = Some(now() + 3600);
+    assert_eq!(code(f.auth.authenticate(&sign(&c), None)), "token_invalid");
+
+    let mut c = claims("alice", "pools:read");
+    c.aud = "someone-else".into();
+    let err = f.auth.authenticate(&sign(&c), None).unwrap_err();
+    assert_eq!(err.code(), "token_invalid");
+    assert!(err.message().contains("not meant for this service"));
+
+    let mut c = claims("alice", "pools:read");
+    c.iss = "evil".into();
+    let err = f.auth.authenticate(&sign(&c), None).unwrap_err();
+    assert!(err.message().contains("issuer"));
+
+    // A token without exp at all.
+    let no_exp =
+        serde_json::json!({"sub": "alice", "iss": "context-service", "aud": "context-service"});
+    let err = f
+        .auth
+        .authenticate(&encode(&header, &no_exp, &key).unwrap(), None)
+        .unwrap_err();
+    assert_eq!(err.code(), "token_invalid");
+    assert!(err.message().contains("exp"), "{}", err.message());
+}
+
+#[test]
+fn delegation_needs_the_delegate_scope() {
+    let f = fixture();
+    let mint = |scope: &str| {
+        f.issuer
+            .mint(
+                &TokenPolicy::default(),
+                "moca",
+                scope,
+                Duration::from_secs(60),
+            )
+            .unwrap()
+    };
+    let p = f
+        .auth
+        .authenticate(&mint("delegate workloads:read"), Some("user:alice"))
+        .unwrap();
+    assert_eq!(p.subject(), "alice");
+    assert_eq!(p.delegated_by(), Some("moca"));
+    assert!(p.has(Scope::WorkloadsRead));
+
+    let err = f
+        .auth
+        .authenticate(&mint("workloads:read"), Some("user:alice"))
+        .unwrap_err();
+    assert_eq!(err.code(), "scope_missing");
+    assert!(err.message().contains("delegate"));
+
+    for bad in ["alice", "user:", "group:x", "user:a b"] {
+        let err = f
+            .auth
+            .authenticate(&mint("delegate"), Some(bad))
+            .unwrap_err();
+        assert_eq!(err.code(), "invalid_request", "{bad}");
+    }
+}
+
+#[test]
+fn authorization_header_forms() {
+    let f = fixture();
+    let token = f
+        .issuer
+        .mint(
+            &TokenPolicy::default(),
+            "alice",
+            "",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    let mut headers = HeaderMap::new();
+    assert_eq!(
+        f.auth.authenticate_headers(&headers).unwrap_err().code(),
+        "token_required"
+    );
+    headers.insert("authorization", format!("Basic {token}").parse().unwrap());
+    assert_eq!(
+        f.auth.authenticate_headers(&headers).unwrap_err().code(),
+        "token_invalid"
+    );
+    headers.insert("authorization", format!("bearer {token}").parse().unwrap());
+    assert_eq!(
+        f.auth.authenticate_headers(&headers).unwrap().subject(),
+        "alice"
+    );
+    headers.insert("authorization", "Bearer garbage".parse().unwrap());
+    assert_eq!(
+        f.auth.authenticate_headers(&headers).unwrap_err().code(),
+        "token_invalid"
+    );
+}

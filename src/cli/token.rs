@@ -1,0 +1,90 @@
+//! `contextctl token`: print the local service's development token, or mint
+//! one for another user with the embedded signing key.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use super::{print_json, ConnectionArgs, OutputFormat};
+use crate::auth::dev::{dev_token_path, DevIssuer};
+use crate::auth::{Scope, TokenPolicy};
+
+/// `contextctl token [mint ...]`.
+#[derive(Debug, clap::Args)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    mint: Option<TokenCommand>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum TokenCommand {
+    /// Mint a token with the local service's signing key (for testing with
+    /// several users).
+    Mint {
+        /// Subject (the owner the token speaks for).
+        #[arg(long)]
+        sub: String,
+        /// Space-separated scopes [default: every user scope].
+        #[arg(long)]
+        scope: Option<String>,
+        /// Lifetime, e.g. `30m`, `1h`, `7d`.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Required issuer, as the service is configured [env: CS_TOKEN_ISSUER].
+        #[arg(long, env = "CS_TOKEN_ISSUER", default_value = "context-service")]
+        issuer: String,
+        /// Required audience, as the service is configured [env: CS_TOKEN_AUDIENCE].
+        #[arg(long, env = "CS_TOKEN_AUDIENCE", default_value = "context-service")]
+        audience: String,
+    },
+}
+
+/// Runs `contextctl token`.
+pub fn run(
+    args: TokenArgs,
+    conn: &ConnectionArgs,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let data_dir = conn
+        .data_dir
+        .clone()
+        .or_else(|| std::env::var_os("CS_DATA_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("./data"));
+    let token = match args.mint {
+        None => {
+            let path = dev_token_path(&data_dir);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "no development token at {} (start `context-service serve --data-dir {}` first)",
+                    path.display(),
+                    data_dir.display()
+                )
+            })?;
+            text.trim().to_owned()
+        }
+        Some(TokenCommand::Mint {
+            sub,
+            scope,
+            ttl,
+            issuer,
+            audience,
+        }) => {
+            anyhow::ensure!(!sub.trim().is_empty(), "--sub must not be empty");
+            let issuer_key = DevIssuer::load(&data_dir)?;
+            let policy = TokenPolicy {
+                issuer,
+                audience,
+                ..TokenPolicy::default()
+            };
+            let scope = scope.unwrap_or_else(Scope::user_scopes);
+            issuer_key.mint(&policy, &sub, &scope, ttl)?
+        }
+    };
+    match output {
+        OutputFormat::Json => print_json(&serde_json::json!({ "token": token }))?,
+        OutputFormat::Text => println!("{token}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

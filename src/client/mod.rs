@@ -1,0 +1,214 @@
+//! Typed HTTP client for the Context Service API, used by `contextctl` and
+//! the integration tests. One module per resource adds its calls.
+
+use std::path::{Path, PathBuf};
+
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::de::DeserializeOwned;
+
+use crate::error::ErrorBody;
+
+/// Default service URL when none is configured.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The service answered with an error body.
+    #[error("{status}: {} ({})", body.message, body.error)]
+    Api {
+        /// HTTP status.
+        status: StatusCode,
+        /// The `{error, message}` body.
+        body: ErrorBody,
+    },
+    /// The service could not be reached or the transfer broke.
+    #[error("cannot reach {url}: {source}")]
+    Transport {
+        /// The URL called.
+        url: String,
+        /// The cause.
+        source: reqwest::Error,
+    },
+    /// The answer was not what the API promises.
+    #[error("unexpected answer from the service: {0}")]
+    Protocol(String),
+    /// A local file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl ClientError {
+    /// The API error code, when the service answered with one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { body, .. } => Some(&body.error),
+            _ => None,
+        }
+    }
+
+    /// The HTTP status, when the service answered.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// Installs the process-wide TLS crypto provider (ring) once.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A client bound to one service URL and bearer token.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    subject: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client for the service at `base` (e.g. `http://127.0.0.1:8080`).
+    pub fn new(base: impl Into<String>, token: Option<String>) -> Result<Self, ClientError> {
+        install_crypto_provider();
+        let base = base.into().trim_end_matches('/').to_owned();
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("contextctl/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|source| ClientError::Transport {
+                url: base.clone(),
+                source,
+            })?;
+        Ok(Self {
+            base,
+            token,
+            subject: None,
+            http,
+        })
+    }
+
+    /// Acts for `user` through `X-Context-Subject` (needs a `delegate` token).
+    pub fn acting_for(mut self, user: impl Into<String>) -> Self {
+        self.subject = Some(user.into());
+        self
+    }
+
+    /// The service URL.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// A request to `path` (which starts with `/`) with auth headers set.
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let mut req = self.http.request(method, format!("{}{}", self.base, path));
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        if let Some(subject) = &self.subject {
+            req = req.header("X-Context-Subject", format!("user:{subject}"));
+        }
+        req
+    }
+
+    /// Sends `req`, turning error statuses into [`ClientError::Api`].
+    pub async fn send(&self, req: RequestBuilder) -> Result<Response, ClientError> {
+        let resp = req.send().await.map_err(|source| ClientError::Transport {
+            url: self.base.clone(),
+            source,
+        })?;
+        check(resp).await
+    }
+
+    /// Sends `req` and decodes a JSON answer.
+    pub async fn send_json<T: DeserializeOwned>(
+        &self,
+        req: RequestBuilder,
+    ) -> Result<T, ClientError> {
+        let resp = self.send(req).await?;
+        resp.json::<T>()
+            .await
+            .map_err(|e| ClientError::Protocol(format!("decoding the answer: {e}")))
+    }
+
+    /// `GET /healthz`.
+    pub async fn health(&self) -> Result<serde_json::Value, ClientError> {
+        self.send_json(self.request(Method::GET, "/healthz")).await
+    }
+}
+
+/// Passes through a success; turns anything else into [`ClientError::Api`].
+pub async fn check(resp: Response) -> Result<Response, ClientError> {
+    let status = resp.status();
+    if status.is_success() || status == StatusCode::NOT_MODIFIED {
+        return Ok(resp);
+    }
+    let text = resp.text().await.unwrap_or_default();
+    let body = serde_json::from_str::<ErrorBody>(&text).unwrap_or_else(|_| ErrorBody {
+        error: format!("http_{}", status.as_u16()),
+        message: text.trim().chars().take(200).collect(),
+    });
+    Err(ClientError::Api { status, body })
+}
+
+/// Where the client's settings come from, in order: flags, the environment
+/// (`CONTEXT_SERVICE_URL`, `CONTEXT_SERVICE_TOKEN`, also read from a `.env`
+/// file), then the embedded service's development token file.
+#[derive(Debug, Clone, Default)]
+pub struct ClientSettings {
+    /// Service URL.
+    pub url: Option<String>,
+    /// Bearer token.
+    pub token: Option<String>,
+    /// Data dir of a local embedded service, to find its development token.
+    pub data_dir: Option<PathBuf>,
+}
+
+impl ClientSettings {
+    /// The URL to use.
+    pub fn resolve_url(&self) -> String {
+        self.url
+            .clone()
+            .or_else(|| std::env::var("CONTEXT_SERVICE_URL").ok())
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| DEFAULT_URL.to_owned())
+    }
+
+    /// The token to use: explicit, from the environment, or the development
+    /// token of a local service (`$CS_DATA_DIR` or `./data`).
+    pub fn resolve_token(&self) -> Option<String> {
+        if let Some(t) = self.token.clone().filter(|t| !t.is_empty()) {
+            return Some(t);
+        }
+        if let Some(t) = std::env::var("CONTEXT_SERVICE_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+        {
+            return Some(t);
+        }
+        let data_dir = self
+            .data_dir
+            .clone()
+            .or_else(|| std::env::var_os("CS_DATA_DIR").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("./data"));
+        read_token_file(&crate::auth::dev::dev_token_path(&data_dir))
+    }
+
+    /// A client from these settings.
+    pub fn client(&self) -> Result<Client, ClientError> {
+        Client::new(self.resolve_url(), self.resolve_token())
+    }
+}
+
+fn read_token_file(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let token = text.trim();
+    (!token.is_empty()).then(|| token.to_owned())
+}

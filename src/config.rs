@@ -1,0 +1,94 @@
+//! Service settings: every flag of `context-service serve` can also be set by
+//! a `CS_*` environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::auth::TokenPolicy;
+
+/// Which sandbox backend the allocation engine uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BackendKind {
+    /// Sandboxes and workspaces are directories under the data dir.
+    #[default]
+    Local,
+    /// A Kubernetes cluster with the agent-sandbox controller.
+    Kube,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Settings of `context-service serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "CS_LISTEN_ADDR", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+
+    /// Directory of the embedded store (metadata, bundles, keys, local sandboxes).
+    #[arg(long, env = "CS_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+
+    /// Sandbox backend.
+    #[arg(long, env = "CS_BACKEND", value_enum, default_value_t = BackendKind::Local)]
+    pub backend: BackendKind,
+
+    /// JWKS file with the keys trusted to sign tokens (EdDSA, ES256, RS256,
+    /// selected by `kid`). Without it the service creates and trusts its own
+    /// development signing key under the data dir.
+    #[arg(long, env = "CS_JWKS_FILE")]
+    pub jwks_file: Option<PathBuf>,
+
+    /// File holding a shared secret (≥ 32 bytes) to also accept HS256 tokens.
+    #[arg(long, env = "CS_HS256_SECRET_FILE")]
+    pub hs256_secret_file: Option<PathBuf>,
+
+    /// Required token issuer (`iss`).
+    #[arg(long, env = "CS_TOKEN_ISSUER", default_value = "context-service")]
+    pub token_issuer: String,
+
+    /// Required token audience (`aud`).
+    #[arg(long, env = "CS_TOKEN_AUDIENCE", default_value = "context-service")]
+    pub token_audience: String,
+
+    /// Clock leeway for `exp`/`nbf`, in seconds (at most 60).
+    #[arg(long, env = "CS_TOKEN_LEEWAY_SECS", default_value_t = 30)]
+    pub token_leeway_secs: u64,
+
+    /// Log format.
+    #[arg(long, env = "CS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl ServeConfig {
+    /// Settings with every default, storing under `data_dir` and listening on
+    /// `listen` (`CS_*` variables still apply, as they do for `serve`).
+    pub fn with_defaults(data_dir: PathBuf, listen: SocketAddr) -> Self {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            config: ServeConfig,
+        }
+        let mut config = <Wrapper as clap::Parser>::parse_from(["serve"]).config;
+        config.data_dir = data_dir;
+        config.listen = listen;
+        config
+    }
+
+    /// The token policy these settings describe.
+    pub fn token_policy(&self) -> TokenPolicy {
+        TokenPolicy {
+            issuer: self.token_issuer.clone(),
+            audience: self.token_audience.clone(),
+            leeway_secs: self.token_leeway_secs,
+        }
+    }
+}

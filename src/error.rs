@@ -1,0 +1,112 @@
+//! The one API error type: every failure a handler returns becomes
+//! `{"error": "<code>", "message": "<text>"}` with a fitting status.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+/// The JSON body of every error response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable snake_case error code, e.g. `workload_not_found`.
+    pub error: String,
+    /// Human-readable explanation; never raw backend text.
+    pub message: String,
+}
+
+/// An error answered to an API client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    /// An error with an explicit status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// `400 invalid_request`.
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// `401 token_required`.
+    pub fn token_required() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "token_required",
+            "an Authorization: Bearer token is required",
+        )
+    }
+
+    /// `401 token_invalid`.
+    pub fn token_invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "token_invalid", message)
+    }
+
+    /// `401 token_expired`.
+    pub fn token_expired() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "token_expired",
+            "the token has expired",
+        )
+    }
+
+    /// `403 scope_missing`.
+    pub fn scope_missing(scope: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "scope_missing",
+            format!("the token lacks the scope {scope:?}"),
+        )
+    }
+
+    /// `500 internal_error` with a generic message. The cause is logged here,
+    /// never sent to the client.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %cause, "internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "internal error; see the service log",
+        )
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stable error code.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: self.code.to_owned(),
+            message: self.message,
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// Result type of handlers.
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,147 @@
+//! A real server on 127.0.0.1:0 with a temporary data dir, for API tests.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use context_service::auth::dev::DevIssuer;
+use context_service::auth::Scope;
+use context_service::client::Client;
+use context_service::config::ServeConfig;
+use context_service::server::Server;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A running service.
+pub struct TestServer {
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    /// The data dir (kept alive by `_dir` when the server owns it).
+    pub data_dir: PathBuf,
+    config: ServeConfig,
+    _dir: Option<tempfile::TempDir>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestServer {
+    /// Starts a server on a fresh data dir with default settings.
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// Starts a server on a fresh data dir after `adjust` changes settings.
+    pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut server = Self::start_in(dir.path(), adjust).await;
+        server._dir = Some(dir);
+        server
+    }
+
+    /// Starts a server on an existing data dir (e.g. to test a restart).
+    pub async fn start_in(data_dir: &Path, adjust: impl FnOnce(&mut ServeConfig)) -> Self {
+        let listen: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let mut config = ServeConfig::with_defaults(data_dir.to_owned(), listen);
+        adjust(&mut config);
+        let server = Server::bind(&config).await.expect("server starts");
+        let addr = server.local_addr().expect("local addr");
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async move {
+            let _ = rx.await;
+        }));
+        Self {
+            base: format!("http://{addr}"),
+            data_dir: data_dir.to_owned(),
+            config,
+            _dir: None,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// The settings the server runs with.
+    pub fn config(&self) -> &ServeConfig {
+        &self.config
+    }
+
+    /// Stops the server gracefully and waits for it; keeps the data dir.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+
+    /// Stops this server and starts a new one on the same data dir.
+    pub async fn restart(mut self) -> Self {
+        self.stop().await;
+        let dir = self._dir.take();
+        let mut next = Self::start_in(&self.data_dir.clone(), |_| {}).await;
+        next._dir = dir;
+        next
+    }
+
+    /// A token for `sub` with `scopes` (space-separated), signed by the
+    /// server's development key.
+    pub fn token(&self, sub: &str, scopes: &str) -> String {
+        DevIssuer::load(&self.data_dir)
+            .expect("dev key")
+            .mint(
+                &self.config.token_policy(),
+                sub,
+                scopes,
+                Duration::from_secs(600),
+            )
+            .expect("mint")
+    }
+
+    /// A token for `sub` with every user scope.
+    pub fn user_token(&self, sub: &str) -> String {
+        self.token(sub, &Scope::user_scopes())
+    }
+
+    /// A typed client for `sub` with every user scope.
+    pub fn client(&self, sub: &str) -> Client {
+        Client::new(self.base.clone(), Some(self.user_token(sub))).expect("client")
+    }
+
+    /// A raw HTTP client (no auth) for hand-made requests.
+    pub fn http(&self) -> reqwest::Client {
+        context_service::client::install_crypto_provider();
+        reqwest::Client::new()
+    }
+
+    /// `base` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Asserts an error response: status, `error` code, and a message fragment.
+pub async fn assert_error(resp: reqwest::Response, status: u16, code: &str, message_part: &str) {
+    let got_status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    assert_eq!(got_status, status, "status for body {text}");
+    let body: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("error body is not JSON ({e}): {text}"));
+    assert_eq!(body["error"], code, "error code in {text}");
+    let message = body["message"].as_str().expect("message is a string");
+    assert!(
+        message.contains(message_part),
+        "message {message:?} should contain {message_part:?}"
+    );
+}

@@ -1,0 +1,38 @@
+//! The service starts on its embedded default and answers health checks.
+
+mod common;
+
+use common::TestServer;
+
+#[tokio::test]
+async fn health_and_dev_token_on_first_start() {
+    let server = TestServer::start().await;
+    let health = server.client("alice").health().await.unwrap();
+    assert_eq!(health["status"], "ok");
+    let token = std::fs::read_to_string(server.data_dir.join("auth/dev-token")).unwrap();
+    assert_eq!(token.trim().split('.').count(), 3, "dev token is a JWT");
+    let resp = server
+        .http()
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn restart_keeps_the_signing_key() {
+    let server = TestServer::start().await;
+    let token = server.user_token("alice");
+    let server = server.restart().await;
+    let principal = server_auth_check(&server, &token);
+    assert_eq!(principal, "alice");
+}
+
+fn server_auth_check(server: &TestServer, token: &str) -> String {
+    let issuer = context_service::auth::dev::DevIssuer::load(&server.data_dir).unwrap();
+    let mut keys = context_service::auth::KeySet::new();
+    keys.add_jwks(&issuer.jwks()).unwrap();
+    let auth = context_service::auth::Authenticator::new(keys, server.config().token_policy());
+    auth.authenticate(token, None).unwrap().subject().to_owned()
+}
