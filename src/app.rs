@@ -10,6 +10,7 @@ use crate::auth::dev::{self, DevIssuer};
 use crate::auth::{Authenticator, KeySet, OwnerScope};
 use crate::config::ServeConfig;
 use crate::fsutil;
+use crate::metrics::Metrics;
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -18,6 +19,14 @@ pub struct AppState {
     pub auth: Arc<Authenticator>,
     /// Computes owner scopes (labels, sandbox folders).
     pub owner_scope: OwnerScope,
+    /// Prometheus metrics of the process.
+    pub metrics: Metrics,
+}
+
+impl FromRef<AppState> for Metrics {
+    fn from_ref(state: &AppState) -> Self {
+        state.metrics.clone()
+    }
 }
 
 impl FromRef<AppState> for Arc<Authenticator> {
@@ -35,7 +44,12 @@ impl AppState {
         let auth = Arc::new(build_authenticator(config)?);
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
-        Ok(Self { auth, owner_scope })
+        let metrics = Metrics::new();
+        Ok(Self {
+            auth,
+            owner_scope,
+            metrics,
+        })
     }
 }
 

@@ -14,5 +14,6 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod fsutil;
+pub mod metrics;
 pub mod server;
 pub mod telemetry;

@@ -36,3 +36,32 @@ fn server_auth_check(server: &TestServer, token: &str) -> String {
     let auth = context_service::auth::Authenticator::new(keys, server.config().token_policy());
     auth.authenticate(token, None).unwrap().subject().to_owned()
 }
+
+#[tokio::test]
+async fn metrics_count_requests_by_route_and_status() {
+    let server = TestServer::start().await;
+    let http = server.http();
+    for _ in 0..3 {
+        assert_eq!(
+            http.get(server.url("/healthz"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    let resp = http.get(server.url("/metrics")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("context_service_http_requests_total{")
+                && l.contains("route=\"/healthz\"")
+                && l.contains("status=\"200\"")
+        })
+        .unwrap_or_else(|| panic!("no healthz counter in:\n{text}"));
+    assert!(line.ends_with(" 3"), "{line}");
+    assert!(text.contains("context_service_http_request_duration_seconds_bucket"));
+}

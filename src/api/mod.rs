@@ -3,15 +3,22 @@
 
 mod health;
 
-use axum::Router;
+use axum::routing::get;
+use axum::{middleware, Router};
 use tower_http::trace::TraceLayer;
 
 use crate::app::AppState;
+use crate::metrics;
 
 /// The whole API.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(health::router())
+        .route("/metrics", get(metrics::render))
+        .route_layer(middleware::from_fn_with_state(
+            state.metrics.clone(),
+            metrics::track,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

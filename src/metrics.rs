@@ -1,0 +1,135 @@
+//! Prometheus metrics: one registry for the process, an HTTP middleware that
+//! counts requests by route and status, and the `/metrics` text endpoint.
+//!
+//! Services register their own metrics (cache, bundles, allocations) on the
+//! same registry through [`Metrics::registry`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Labels of the HTTP metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// HTTP method.
+    pub method: String,
+    /// The matched route template (never the raw path, to bound cardinality).
+    pub route: String,
+    /// Response status code.
+    pub status: u16,
+}
+
+/// The process's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Mutex<Registry>>,
+    requests: Family<HttpLabels, Counter>,
+    latency: Family<HttpLabels, Histogram>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with the HTTP metrics registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("context_service");
+        let requests = Family::<HttpLabels, Counter>::default();
+        let latency = Family::<HttpLabels, Histogram>::new_with_constructor(|| {
+            // 1 ms … ~16 s.
+            Histogram::new(exponential_buckets(0.001, 2.0, 15))
+        });
+        registry.register(
+            "http_requests",
+            "HTTP requests by method, route and status",
+            requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request latency until the response head, by method, route and status",
+            latency.clone(),
+        );
+        Self {
+            registry: Arc::new(Mutex::new(registry)),
+            requests,
+            latency,
+        }
+    }
+
+    /// Runs `f` with the registry, to register more metrics.
+    pub fn with_registry<T>(&self, f: impl FnOnce(&mut Registry) -> T) -> T {
+        let mut guard = self
+            .registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&mut guard)
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        self.with_registry(|r| prometheus_client::encoding::text::encode(&mut out, r))?;
+        Ok(out)
+    }
+
+    fn observe(&self, labels: HttpLabels, started: Instant) {
+        self.requests.get_or_create(&labels).inc();
+        self.latency
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// Middleware recording every request's route, status and latency.
+pub async fn track(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let response = next.run(request).await;
+    metrics.observe(
+        HttpLabels {
+            method,
+            route,
+            status: response.status().as_u16(),
+        },
+        started,
+    );
+    response
+}
+
+/// `GET /metrics`.
+pub async fn render(State(metrics): State<Metrics>) -> Response {
+    match metrics.render() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
