@@ -11,6 +11,7 @@ use crate::auth::{Authenticator, KeySet, OwnerScope};
 use crate::config::ServeConfig;
 use crate::fsutil;
 use crate::metrics::Metrics;
+use crate::workload::WorkloadService;
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -21,6 +22,14 @@ pub struct AppState {
     pub owner_scope: OwnerScope,
     /// Prometheus metrics of the process.
     pub metrics: Metrics,
+    /// Workloads, revisions, uploads and downloads.
+    pub workloads: WorkloadService,
+}
+
+impl FromRef<AppState> for WorkloadService {
+    fn from_ref(state: &AppState) -> Self {
+        state.workloads.clone()
+    }
 }
 
 impl FromRef<AppState> for Metrics {
@@ -45,10 +54,12 @@ impl AppState {
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
         let metrics = Metrics::new();
+        let workloads = build_workloads(config).await?;
         Ok(Self {
             auth,
             owner_scope,
             metrics,
+            workloads,
         })
     }
 }
@@ -79,4 +90,23 @@ fn build_authenticator(config: &ServeConfig) -> anyhow::Result<Authenticator> {
         keys.set_hs256_secret(&trimmed)?;
     }
     Ok(Authenticator::new(keys, policy))
+}
+
+/// Opens the embedded store and runs start-up recovery.
+async fn build_workloads(config: &ServeConfig) -> anyhow::Result<WorkloadService> {
+    let cache = Arc::new(crate::cache::BundleCache::new(config.cache_bytes));
+    let (service, report) =
+        WorkloadService::open(&config.data_dir, config.workload_settings(), cache)
+            .await
+            .context("opening the workload store")?;
+    if report != Default::default() {
+        tracing::warn!(
+            temp_files_removed = report.temp_files_removed,
+            failed = ?report.failed,
+            deletes_finished = report.deletes_finished,
+            orphan_blobs_removed = report.orphan_blobs_removed,
+            "start-up recovery"
+        );
+    }
+    Ok(service)
 }

@@ -395,7 +395,9 @@ mod tests {
             .map(|_| {
                 let cache = cache.clone();
                 let path = path.clone();
-                tokio::spawn(async move { cache.get("s", 1 << 20, &path).await.unwrap().is_memory() })
+                tokio::spawn(
+                    async move { cache.get("s", 1 << 20, &path).await.unwrap().is_memory() },
+                )
             })
             .collect();
         for t in tasks {

@@ -2,6 +2,8 @@
 //! authorise, call a service and map the result.
 
 mod health;
+mod json;
+mod workloads;
 
 use axum::routing::get;
 use axum::{middleware, Router};
@@ -14,6 +16,7 @@ use crate::metrics;
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(health::router())
+        .merge(workloads::router())
         .route("/metrics", get(metrics::render))
         .route_layer(middleware::from_fn_with_state(
             state.metrics.clone(),

@@ -75,6 +75,14 @@ pub struct Report {
 /// Why a bundle was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
+    /// Reading the input failed.
+    #[error("reading the bundle: {source}")]
+    Io {
+        /// The cause.
+        source: std::io::Error,
+        /// The entry being read.
+        entry: Option<String>,
+    },
     /// Placeholder.
     #[error("internal: {detail}")]
     Internal {

@@ -8,7 +8,7 @@
 mod blob;
 mod redb_store;
 
-pub use blob::{BlobStore, TempBlob};
+pub use blob::{is_digest, BlobStore, TempBlob};
 pub use redb_store::RedbStore;
 
 use serde::{Deserialize, Serialize};

@@ -284,13 +284,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RedbStore::open(&dir.path().join("m.redb")).unwrap();
         let r1 = record("o", "one");
-        store.insert_workload(&r1, &grant("g1", &r1, 10), 2).unwrap();
+        store
+            .insert_workload(&r1, &grant("g1", &r1, 10), 2)
+            .unwrap();
         assert!(matches!(
             store.insert_workload(&r1, &grant("g1b", &r1, 10), 2),
             Err(StoreError::NameTaken)
         ));
         let r2 = record("o", "two");
-        store.insert_workload(&r2, &grant("g2", &r2, 10), 2).unwrap();
+        store
+            .insert_workload(&r2, &grant("g2", &r2, 10), 2)
+            .unwrap();
         let r3 = record("o", "three");
         assert!(matches!(
             store.insert_workload(&r3, &grant("g3", &r3, 10), 2),
