@@ -27,6 +27,9 @@ enum Command {
     Health,
     /// Print the local development token, or mint one.
     Token(TokenArgs),
+    /// Create, upload, activate, inspect, download and delete workloads.
+    #[command(alias = "workloads")]
+    Workload(cli::workload::WorkloadArgs),
 }
 
 #[tokio::main]
@@ -41,6 +44,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Health => cli::health(&cli.conn, cli.output).await,
         Command::Token(args) => cli::token::run(args, &cli.conn, cli.output),
+        Command::Workload(args) => cli::workload::run(args, &cli.conn, cli.output).await,
     };
     result.unwrap_or_else(|e| cli::fail(&e))
 }

@@ -28,6 +28,7 @@ pub fn fail(err: &anyhow::Error) -> ExitCode {
 }
 
 pub mod token;
+pub mod workload;
 
 use std::path::PathBuf;
 
