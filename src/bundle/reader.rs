@@ -139,11 +139,22 @@ impl<D: Read> InflateCounter<D> {
 
 impl<D: Read> Read for InflateCounter<D> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        // Bounding the request keeps a bomb from inflating more than one
-        // byte past the limit into our buffer.
-        let room = self.limit.saturating_sub(self.count).saturating_add(1);
-        let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
-        let n = match self.inner.read(&mut buf[..want]) {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        // Hand out at most `limit` bytes; only when the consumer asks for
+        // more and the decoder has more does the limit trip. So a bomb never
+        // inflates past the limit, and the error surfaces at the entry that
+        // actually needs the bytes (not during buffered read-ahead).
+        let room = self.limit.saturating_sub(self.count);
+        let mut probe = [0u8; 1];
+        let target: &mut [u8] = if room == 0 {
+            &mut probe
+        } else {
+            let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+            &mut buf[..want]
+        };
+        let n = match self.inner.read(target) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Err(e),
             Err(e) => {
@@ -160,8 +171,7 @@ impl<D: Read> Read for InflateCounter<D> {
                 return Err(trip(&self.trap, cause));
             }
         };
-        self.count += n as u64;
-        if self.count > self.limit {
+        if room == 0 && n > 0 {
             return Err(trip(
                 &self.trap,
                 BundleError::InflatedTooLarge {
@@ -170,6 +180,7 @@ impl<D: Read> Read for InflateCounter<D> {
                 },
             ));
         }
+        self.count += n as u64;
         Ok(n)
     }
 }
