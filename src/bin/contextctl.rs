@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use context_service::cli::bundle::BundleCommand;
 use context_service::cli::{self, token::TokenArgs, ConnectionArgs, OutputFormat};
 
 #[derive(Debug, Parser)]
@@ -12,8 +13,8 @@ use context_service::cli::{self, token::TokenArgs, ConnectionArgs, OutputFormat}
     about = "Command-line client for Context Service"
 )]
 struct Cli {
-    /// Output format.
-    #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Text)]
+    /// Output format. (No `-o` short form: `bundle pack DIR -o FILE` uses it.)
+    #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Text)]
     output: OutputFormat,
     #[command(flatten)]
     conn: ConnectionArgs,
@@ -23,6 +24,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Validate or pack workload bundles offline.
+    Bundle {
+        #[command(subcommand)]
+        cmd: BundleCommand,
+    },
     /// Check that the service answers.
     Health,
     /// Print the local development token, or mint one.
@@ -42,6 +48,7 @@ async fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bundle { cmd } => Ok(cli::bundle::run(cmd, cli.output)),
         Command::Health => cli::health(&cli.conn, cli.output).await,
         Command::Token(args) => cli::token::run(args, &cli.conn, cli.output),
         Command::Workload(args) => cli::workload::run(args, &cli.conn, cli.output).await,

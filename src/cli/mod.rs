@@ -5,6 +5,8 @@
 
 use std::process::ExitCode;
 
+pub mod bundle;
+
 /// How a command prints its result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum OutputFormat {

@@ -1,5 +1,10 @@
-//! A real server on 127.0.0.1:0 with a temporary data dir, for API tests.
+//! A real server on 127.0.0.1:0 with a temporary data dir, for API tests,
+//! and (in `archive`) helpers that craft bundles, including hostile ones.
 #![allow(dead_code)]
+
+mod archive;
+#[allow(unused_imports)]
+pub use archive::*;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,478 @@
+//! The streaming inspector: one pass from the upload to the canonical
+//! bundle, with bounded memory.
+//!
+//! The input chain is `R` → compressed counter → gzip decoder → inflated
+//! counter → tar walker, all on the calling thread. Accepted file contents
+//! go to an unnamed spool file. While members arrive in canonical order
+//! (as `contextctl bundle pack` and `tar --sort=name` write them) the
+//! canonical tar is also produced *speculatively* on the fly and handed to
+//! a sink thread (hash or gzip), so the two cores overlap inflate and
+//! deflate. The first out-of-order member abandons the speculation; the
+//! canonical archive is then emitted from the spool in sorted order at the
+//! end. Either way the bytes are identical.
+
+use std::fs::File;
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::rc::Rc;
+
+use flate2::bufread::GzDecoder;
+
+use super::canonical::{
+    gzip, hex, spawn_sink, AppendError, CanonicalTar, Chunked, HashingWriter, Sink, SinkJob,
+    TarTap, CHUNK,
+};
+use super::context_layout;
+use super::error::BundleError;
+use super::limits::{CanonicalOptions, Limits};
+use super::path::CanonPath;
+use super::reader::{
+    ensure_no_trailing, trip, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap,
+};
+use super::spool::{RangeReader, Spool};
+use super::tree::{FileNode, Node, Tree};
+
+/// What [`inspect`] computes: the [`Report`] without the bundle digest and
+/// size, because no canonical gzip is written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inspection {
+    /// sha256 of the canonical uncompressed tar, 64 lowercase hex digits.
+    pub revision: String,
+    /// Regular files in the tree.
+    pub files: u64,
+    /// Directories in the tree, implied parents included.
+    pub dirs: u64,
+    /// Entries of the canonical tar (`files + dirs`).
+    pub entries: u64,
+    /// Size of the canonical uncompressed tar (what `gzip -dc bundle | wc -c`
+    /// prints; a sandbox may refuse more).
+    pub inflated_bytes: u64,
+    /// Compressed bytes read from the input.
+    pub compressed_bytes: u64,
+    /// Bytes the input inflated to (what the inflated limit measured).
+    pub input_inflated_bytes: u64,
+    /// Members of the input tar (extension headers not counted).
+    pub input_entries: u64,
+}
+
+/// The full result of the upload path.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// sha256 of the canonical uncompressed tar, 64 lowercase hex digits.
+    pub revision: String,
+    /// sha256 of the canonical gzip bundle, 64 lowercase hex digits.
+    pub bundle_digest: String,
+    /// Regular files in the tree.
+    pub files: u64,
+    /// Directories in the tree, implied parents included.
+    pub dirs: u64,
+    /// Entries of the canonical tar (`files + dirs`).
+    pub entries: u64,
+    /// Size of the canonical uncompressed tar.
+    pub inflated_bytes: u64,
+    /// Compressed bytes read from the input (0 for a packed directory).
+    pub compressed_bytes: u64,
+    /// Size of the canonical `.tar.gz`.
+    pub bundle_bytes: u64,
+    /// Bytes the input inflated to (what the inflated limit measured; for a
+    /// packed directory, the canonical tar size).
+    pub input_inflated_bytes: u64,
+    /// Members of the input tar (for a packed directory, `entries`).
+    pub input_entries: u64,
+}
+
+impl Report {
+    /// The fields [`inspect`] also reports.
+    pub fn inspection(&self) -> Inspection {
+        Inspection {
+            revision: self.revision.clone(),
+            files: self.files,
+            dirs: self.dirs,
+            entries: self.entries,
+            inflated_bytes: self.inflated_bytes,
+            compressed_bytes: self.compressed_bytes,
+            input_inflated_bytes: self.input_inflated_bytes,
+            input_entries: self.input_entries,
+        }
+    }
+}
+
+/// Validates a gzip-compressed tar and computes its revision, without
+/// writing a canonical gzip (so there is no bundle digest; use
+/// [`canonicalize`] for that). File contents are spooled to an unnamed
+/// temporary file unless the members arrive in canonical order.
+pub fn inspect<R: Read>(input: R, limits: &Limits) -> Result<Inspection, BundleError> {
+    let outcome = run::<R, io::Sink>(input, limits, None, None)?;
+    Ok(Inspection {
+        revision: hex(&outcome.revision),
+        files: outcome.files,
+        dirs: outcome.dirs,
+        entries: outcome.entries,
+        inflated_bytes: outcome.tar_bytes,
+        compressed_bytes: outcome.compressed,
+        input_inflated_bytes: outcome.inflated,
+        input_entries: outcome.members,
+    })
+}
+
+/// The upload path: validates while streaming and writes the canonical
+/// gzip bundle to `out`. On error, `out` may hold a partial bundle; the
+/// caller discards it.
+pub fn canonicalize<R: Read, W: Write>(
+    input: R,
+    limits: &Limits,
+    opts: &CanonicalOptions,
+    out: W,
+) -> Result<Report, BundleError> {
+    let outcome = run(
+        input,
+        limits,
+        Some((opts.gzip_level, out)),
+        opts.temp_dir.as_deref(),
+    )?;
+    let (digest, bundle_bytes) = outcome.bundle.ok_or_else(|| BundleError::Internal {
+        detail: "canonical bundle was not produced".into(),
+    })?;
+    Ok(Report {
+        revision: hex(&outcome.revision),
+        bundle_digest: hex(&digest),
+        files: outcome.files,
+        dirs: outcome.dirs,
+        entries: outcome.entries,
+        inflated_bytes: outcome.tar_bytes,
+        compressed_bytes: outcome.compressed,
+        bundle_bytes,
+        input_inflated_bytes: outcome.inflated,
+        input_entries: outcome.members,
+    })
+}
+
+/// Async face of [`canonicalize`]: reads from an `AsyncRead` on tokio's
+/// blocking pool (through `SyncIoBridge`). Must be called inside a tokio
+/// runtime.
+pub async fn canonicalize_async<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
+    input: R,
+    limits: Limits,
+    opts: CanonicalOptions,
+    out: File,
+) -> Result<Report, BundleError> {
+    let bridge = tokio_util::io::SyncIoBridge::new(input);
+    tokio::task::spawn_blocking(move || canonicalize(bridge, &limits, &opts, out))
+        .await
+        .map_err(|e| BundleError::Internal {
+            detail: format!("bundle task failed: {e}"),
+        })?
+}
+
+pub(crate) fn storage(source: io::Error) -> BundleError {
+    BundleError::Storage { source }
+}
+
+/// What one run produced.
+struct Outcome {
+    revision: [u8; 32],
+    tar_bytes: u64,
+    entries: u64,
+    files: u64,
+    dirs: u64,
+    compressed: u64,
+    inflated: u64,
+    members: u64,
+    bundle: Option<([u8; 32], u64)>,
+}
+
+/// The speculative canonical stream (see the module docs).
+struct Speculation {
+    tar: CanonicalTar<TarTap<io::Sink>>,
+    sink: Sink,
+    last: Option<CanonPath>,
+}
+
+impl Speculation {
+    fn start(gzip_level: Option<u32>, temp_dir: Option<&Path>) -> Result<Self, BundleError> {
+        let job = match gzip_level {
+            Some(level) => SinkJob {
+                hash: false,
+                gzip: Some((level, temp_file(temp_dir)?)),
+            },
+            None => SinkJob {
+                hash: true,
+                gzip: None,
+            },
+        };
+        let (chan, sink) = spawn_sink(job).map_err(storage)?;
+        // With gzip on the sink thread, hash here to balance the two cores.
+        let tap = TarTap::new(gzip_level.is_some(), Some(chan), None);
+        Ok(Self {
+            tar: CanonicalTar::new(tap),
+            sink,
+            last: None,
+        })
+    }
+
+    /// Drops the speculative output and waits for the sink to wind down.
+    fn abandon(self) {
+        drop(self.tar);
+        let _ = self.sink.join();
+    }
+}
+
+fn temp_file(dir: Option<&Path>) -> Result<File, BundleError> {
+    match dir {
+        Some(d) => tempfile::tempfile_in(d),
+        None => tempfile::tempfile(),
+    }
+    .map_err(storage)
+}
+
+/// Copies a member's data into the spool as the canonical writer reads it.
+struct Tee<'a, R> {
+    data: R,
+    spool: &'a mut Spool,
+    trap: &'a Trap,
+}
+
+impl<R: Read> Read for Tee<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.data.read(buf)?;
+        self.spool
+            .append(&buf[..n])
+            .map_err(|e| trip(self.trap, storage(e)))?;
+        Ok(n)
+    }
+}
+
+fn check_entries(entries: u64, limits: &Limits, entry: &str) -> Result<(), BundleError> {
+    if entries > limits.entries {
+        return Err(BundleError::TooManyEntries {
+            limit: limits.entries,
+            entry: entry.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn run<R: Read, W: Write>(
+    input: R,
+    limits: &Limits,
+    gz_out: Option<(u32, W)>,
+    temp_dir: Option<&Path>,
+) -> Result<Outcome, BundleError> {
+    let trap: Trap = Rc::default();
+    let compressed = CompressedCounter::new(input, limits.compressed_bytes, trap.clone());
+    let decoder = GzDecoder::new(BufReader::with_capacity(CHUNK, compressed));
+    let inflated = BufReader::with_capacity(
+        CHUNK,
+        InflateCounter::new(decoder, limits.inflated_bytes, trap.clone()),
+    );
+    let mut walker = TarWalker::new(inflated, limits, trap.clone());
+    let mut spool = Spool::new(temp_dir).map_err(storage)?;
+    let level = gz_out.as_ref().map(|(level, _)| *level);
+    let mut spec = Some(Speculation::start(level, temp_dir)?);
+    let mut tree = Tree::default();
+    let mut entries = 0u64;
+    let mut members = 0u64;
+    let mut buf = vec![0u8; CHUNK];
+
+    while let Some(member) = walker.next_member()? {
+        members += 1;
+        entries += 1;
+        let shown = member
+            .path
+            .as_ref()
+            .map_or_else(|| member.name.clone(), |p| p.as_str().to_owned());
+        check_entries(entries, limits, &shown)?;
+        // The archive root (`./`) is implicit in the canonical tree.
+        let Some(path) = member.path else { continue };
+        let created = match member.kind {
+            MemberKind::Dir => tree.add_dir(path.clone())?,
+            MemberKind::File { exec } => tree.add_file(
+                path.clone(),
+                FileNode {
+                    size: member.size,
+                    exec,
+                    offset: spool.len(),
+                },
+            )?,
+        };
+        entries += created.iter().filter(|p| **p != path).count() as u64;
+        check_entries(entries, limits, &shown)?;
+
+        let out_of_order = match (&spec, created.first()) {
+            (Some(s), Some(first)) => s.last.as_ref().is_some_and(|last| first <= last),
+            _ => false,
+        };
+        if out_of_order {
+            if let Some(s) = spec.take() {
+                s.abandon();
+            }
+        }
+        let Some(s) = spec.as_mut() else {
+            if member.kind != MemberKind::Dir {
+                copy_to_spool(&mut walker, &mut spool, &mut buf)?;
+            }
+            continue;
+        };
+        let dirs = match member.kind {
+            MemberKind::Dir => &created[..],
+            MemberKind::File { .. } => &created[..created.len().saturating_sub(1)],
+        };
+        for dir in dirs {
+            s.tar.append_dir(dir.as_str()).map_err(storage)?;
+        }
+        if let MemberKind::File { exec } = member.kind {
+            let tee = Tee {
+                data: walker.data(),
+                spool: &mut spool,
+                trap: &trap,
+            };
+            let res = s.tar.append_file(path.as_str(), member.size, exec, tee);
+            match res {
+                Ok(()) => {}
+                Err(AppendError::Read(e)) => return Err(walker.cause(e)),
+                Err(AppendError::Write(e)) => return Err(storage(e)),
+            }
+        }
+        if let Some(last) = created.last() {
+            s.last = Some(last.clone());
+        }
+    }
+
+    // The tar ended cleanly; the gzip member must end here too.
+    let counter = walker.into_inner().into_inner();
+    let inflated_bytes = counter.count();
+    let mut gz_in = counter.into_inner().into_inner();
+    ensure_no_trailing(&mut gz_in, &trap)?;
+    let compressed_bytes = gz_in.get_ref().count();
+
+    let spool = spool.into_file().map_err(storage)?;
+    let mut open = |_: &str, f: &FileNode| -> Result<Box<dyn Read + '_>, BundleError> {
+        Ok(Box::new(RangeReader::new(&spool, f.offset, f.size)))
+    };
+    context_layout::verify(&tree, &mut open, &|_, e| storage(e))?;
+
+    let (revision, tar_bytes, canonical_entries, bundle) = match spec {
+        Some(s) => finish_speculation(s, gz_out)?,
+        None => emit_from_spool(&tree, &spool, gz_out)?,
+    };
+    Ok(Outcome {
+        revision,
+        tar_bytes,
+        entries: canonical_entries,
+        files: tree.files(),
+        dirs: tree.dirs(),
+        compressed: compressed_bytes,
+        inflated: inflated_bytes,
+        members,
+        bundle,
+    })
+}
+
+type Emitted = ([u8; 32], u64, u64, Option<([u8; 32], u64)>);
+
+fn copy_to_spool<R: Read>(
+    walker: &mut TarWalker<R>,
+    spool: &mut Spool,
+    buf: &mut [u8],
+) -> Result<(), BundleError> {
+    loop {
+        let n = match walker.data().read(buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(walker.cause(e)),
+        };
+        spool.append(&buf[..n]).map_err(storage)?;
+    }
+}
+
+fn missing(what: &str) -> BundleError {
+    BundleError::Internal {
+        detail: format!("{what} was not computed"),
+    }
+}
+
+/// Completes the speculative stream: the archive is already canonical.
+fn finish_speculation<W: Write>(
+    s: Speculation,
+    gz_out: Option<(u32, W)>,
+) -> Result<Emitted, BundleError> {
+    let entries = s.tar.entries();
+    let tap = s.tar.finish().map_err(storage)?;
+    let (here, tar_bytes, _) = tap.finish().map_err(storage)?;
+    let output = s.sink.join().map_err(storage)?;
+    let revision = here
+        .or(output.tar_digest)
+        .ok_or_else(|| missing("revision"))?;
+    let bundle = match (gz_out, output.gz) {
+        (Some((_, mut out)), Some((mut file, digest, bytes))) => {
+            file.seek(SeekFrom::Start(0)).map_err(storage)?;
+            io::copy(&mut file, &mut out).map_err(storage)?;
+            out.flush().map_err(storage)?;
+            Some((digest, bytes))
+        }
+        (None, _) => None,
+        (Some(_), None) => return Err(missing("canonical gzip")),
+    };
+    Ok((revision, tar_bytes, entries, bundle))
+}
+
+/// Emits the canonical archive from the tree and the spool.
+fn emit_from_spool<W: Write>(
+    tree: &Tree,
+    spool: &File,
+    gz_out: Option<(u32, W)>,
+) -> Result<Emitted, BundleError> {
+    let mut open = |_: &str, f: &FileNode| -> Result<Box<dyn Read + '_>, BundleError> {
+        Ok(Box::new(RangeReader::new(spool, f.offset, f.size)))
+    };
+    emit_tree(tree, &mut open, &|_, e| storage(e), gz_out)
+}
+
+/// Emits the canonical archive of `tree`, reading file contents through
+/// `open`: the tar is hashed on a sink thread while this thread gzips it
+/// into `gz_out` (if any).
+pub(crate) fn emit_tree<'a, W: Write>(
+    tree: &Tree,
+    open: &mut context_layout::Opener<'a>,
+    read_err: &dyn Fn(&str, io::Error) -> BundleError,
+    gz_out: Option<(u32, W)>,
+) -> Result<Emitted, BundleError> {
+    let (chan, sink) = spawn_sink(SinkJob {
+        hash: true,
+        gzip: None,
+    })
+    .map_err(storage)?;
+    let local = gz_out.map(|(level, out)| Chunked::new(gzip(HashingWriter::new(out), level)));
+    let mut tar = CanonicalTar::new(TarTap::new(false, Some(chan), local));
+    for (path, node) in tree.iter() {
+        match node {
+            Node::Dir { .. } => tar.append_dir(path.as_str()).map_err(storage)?,
+            Node::File(f) => {
+                let data = open(path.as_str(), f)?;
+                tar.append_file(path.as_str(), f.size, f.exec, data)
+                    .map_err(|e| match e {
+                        AppendError::Read(e) => read_err(path.as_str(), e),
+                        AppendError::Write(e) => storage(e),
+                    })?;
+            }
+        }
+    }
+    let entries = tar.entries();
+    let tap = tar.finish().map_err(storage)?;
+    let (_, tar_bytes, local) = tap.finish().map_err(storage)?;
+    let output = sink.join().map_err(storage)?;
+    let revision = output.tar_digest.ok_or_else(|| missing("revision"))?;
+    let bundle = match local {
+        Some(chunked) => {
+            let enc = chunked.finish().map_err(storage)?;
+            let (mut out, digest, bytes) = enc.finish().map_err(storage)?.finish();
+            out.flush().map_err(storage)?;
+            Some((digest, bytes))
+        }
+        None => None,
+    };
+    Ok((revision, tar_bytes, entries, bundle))
+}

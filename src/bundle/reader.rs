@@ -1,0 +1,653 @@
+//! The input side: byte-counting readers that enforce the compressed and
+//! inflated limits while streaming, and a tar member walker.
+//!
+//! The walker frames the tar stream itself (512-byte blocks) and uses
+//! [`tar::Header`] and [`tar::PaxExtensions`] to decode fields. It does not
+//! use `tar::Archive` because that reads GNU long-name and PAX extension
+//! bodies of attacker-chosen size into memory without a cap, and cannot tell
+//! an end-of-archive marker from a stream that simply stops.
+//!
+//! Every layer that fails records *why* in a shared [`Trap`] before
+//! returning an `io::Error`, so the error that surfaces through flate2 and
+//! `std::io` plumbing is turned back into the precise [`BundleError`].
+
+use std::cell::RefCell;
+use std::io::{self, BufRead, Read};
+use std::rc::Rc;
+
+use super::error::BundleError;
+use super::limits::Limits;
+use super::path::{display_name, normalize, CanonPath};
+
+/// Tar block size.
+pub(crate) const BLOCK: u64 = 512;
+
+/// Largest PAX extended header body accepted. Real ones carry a path and
+/// a few attributes; 1 MiB leaves room for xattrs without letting a header
+/// claim gigabytes of memory.
+const MAX_PAX_BYTES: u64 = 1024 * 1024;
+
+/// Shared slot for the first failure cause (single-threaded: the whole
+/// input side runs on one thread).
+pub(crate) type Trap = Rc<RefCell<Option<BundleError>>>;
+
+/// Records `err` (unless a cause is already recorded) and returns a
+/// placeholder `io::Error` to unwind through `Read` plumbing.
+pub(crate) fn trip(trap: &Trap, err: BundleError) -> io::Error {
+    let mut slot = trap.borrow_mut();
+    if slot.is_none() {
+        *slot = Some(err);
+    }
+    io::Error::other("bundle rejected")
+}
+
+/// Turns an `io::Error` that surfaced from the input chain back into the
+/// recorded cause.
+pub(crate) fn untrap(trap: &Trap, e: io::Error) -> BundleError {
+    trap.borrow_mut()
+        .take()
+        .unwrap_or_else(|| BundleError::Internal {
+            detail: format!("untracked I/O error: {e}"),
+        })
+}
+
+/// Counts compressed input bytes, enforces the compressed limit and marks
+/// source failures as I/O errors (not format errors).
+pub(crate) struct CompressedCounter<R> {
+    inner: R,
+    count: u64,
+    limit: u64,
+    trap: Trap,
+}
+
+impl<R: Read> CompressedCounter<R> {
+    pub(crate) fn new(inner: R, limit: u64, trap: Trap) -> Self {
+        Self {
+            inner,
+            count: 0,
+            limit,
+            trap,
+        }
+    }
+
+    /// Bytes read so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+impl<R: Read> Read for CompressedCounter<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // Never ask for more than one byte past the limit.
+        let room = self.limit.saturating_sub(self.count).saturating_add(1);
+        let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let n = loop {
+            match self.inner.read(&mut buf[..want]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(trip(
+                        &self.trap,
+                        BundleError::Io {
+                            source,
+                            entry: None,
+                        },
+                    ))
+                }
+            }
+        };
+        self.count += n as u64;
+        if self.count > self.limit {
+            return Err(trip(
+                &self.trap,
+                BundleError::CompressedTooLarge { limit: self.limit },
+            ));
+        }
+        Ok(n)
+    }
+}
+
+/// Counts inflated bytes out of the gzip decoder, enforces the inflated
+/// limit, and classifies decoder failures.
+pub(crate) struct InflateCounter<D> {
+    inner: D,
+    count: u64,
+    limit: u64,
+    trap: Trap,
+}
+
+impl<D: Read> InflateCounter<D> {
+    pub(crate) fn new(inner: D, limit: u64, trap: Trap) -> Self {
+        Self {
+            inner,
+            count: 0,
+            limit,
+            trap,
+        }
+    }
+
+    /// Inflated bytes produced so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The decoder.
+    pub(crate) fn into_inner(self) -> D {
+        self.inner
+    }
+}
+
+impl<D: Read> Read for InflateCounter<D> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        // Hand out at most `limit` bytes; only when the consumer asks for
+        // more and the decoder has more does the limit trip. So a bomb never
+        // inflates past the limit, and the error surfaces at the entry that
+        // actually needs the bytes (not during buffered read-ahead).
+        let room = self.limit.saturating_sub(self.count);
+        let mut probe = [0u8; 1];
+        let target: &mut [u8] = if room == 0 {
+            &mut probe
+        } else {
+            let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+            &mut buf[..want]
+        };
+        let n = match self.inner.read(target) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Err(e),
+            Err(e) => {
+                if self.trap.borrow().is_some() {
+                    return Err(e);
+                }
+                let cause = if e.kind() == io::ErrorKind::UnexpectedEof {
+                    BundleError::TruncatedGzip
+                } else {
+                    BundleError::InvalidGzip {
+                        detail: e.to_string(),
+                    }
+                };
+                return Err(trip(&self.trap, cause));
+            }
+        };
+        if room == 0 && n > 0 {
+            return Err(trip(
+                &self.trap,
+                BundleError::InflatedTooLarge {
+                    limit: self.limit,
+                    entry: None,
+                },
+            ));
+        }
+        self.count += n as u64;
+        Ok(n)
+    }
+}
+
+/// What a member is, once extension headers are folded in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemberKind {
+    /// A regular file; `exec` when the owner-executable bit is set.
+    File {
+        /// Owner-executable.
+        exec: bool,
+    },
+    /// A directory.
+    Dir,
+}
+
+/// One accepted member header. Its data (for files) is read with
+/// [`TarWalker::data`] before the next call to [`TarWalker::next_member`].
+#[derive(Debug)]
+pub(crate) struct Member {
+    /// Normalised path; `None` for the archive root (`./`), a directory.
+    pub path: Option<CanonPath>,
+    /// File or directory.
+    pub kind: MemberKind,
+    /// Data size (0 for directories).
+    pub size: u64,
+    /// The name as written, for error messages.
+    pub name: String,
+}
+
+/// Extension state collected from `x`, `L` and `K` headers for the next
+/// member.
+#[derive(Default)]
+struct Pending {
+    pax: bool,
+    pax_path: Option<Vec<u8>>,
+    pax_size: Option<u64>,
+    sparse: bool,
+    long_name: Option<Vec<u8>>,
+    long_link: bool,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        !self.pax && self.long_name.is_none() && !self.long_link
+    }
+}
+
+/// Walks tar members over an inflated stream, enforcing the per-member
+/// rules. Reads exactly the bytes the framing says, so it cannot desync.
+pub(crate) struct TarWalker<R> {
+    src: R,
+    trap: Trap,
+    limits: Limits,
+    /// Bytes consumed from `src`.
+    pos: u64,
+    /// Data bytes of the current member not yet read.
+    remaining: u64,
+    /// Padding after the current member's data.
+    padding: u64,
+    /// Display name of the current member.
+    current: Option<String>,
+}
+
+fn invalid(entry: Option<&str>, detail: impl Into<String>) -> BundleError {
+    BundleError::InvalidTar {
+        entry: entry.map(str::to_owned),
+        detail: detail.into(),
+    }
+}
+
+fn padded(size: u64) -> u64 {
+    size.div_ceil(BLOCK).saturating_mul(BLOCK)
+}
+
+/// The header checksum: the unsigned byte sum with the checksum field read
+/// as spaces (POSIX). tar-rs computes the same thing but does not export it.
+fn header_checksum(block: &[u8; 512]) -> u32 {
+    block
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            if (148..156).contains(&i) {
+                u32::from(b' ')
+            } else {
+                u32::from(*b)
+            }
+        })
+        .sum()
+}
+
+impl<R: Read> TarWalker<R> {
+    pub(crate) fn new(src: R, limits: &Limits, trap: Trap) -> Self {
+        Self {
+            src,
+            trap,
+            limits: limits.clone(),
+            pos: 0,
+            remaining: 0,
+            padding: 0,
+            current: None,
+        }
+    }
+
+    /// The inflated stream, once the walk is over.
+    pub(crate) fn into_inner(self) -> R {
+        self.src
+    }
+
+    /// Turns an error from the input chain into its cause, naming the
+    /// current member where the cause has room for it.
+    pub(crate) fn cause(&self, e: io::Error) -> BundleError {
+        let mut err = untrap(&self.trap, e);
+        if let BundleError::InflatedTooLarge { entry, .. } = &mut err {
+            if entry.is_none() {
+                entry.clone_from(&self.current);
+            }
+        }
+        err
+    }
+
+    /// Reads until `buf` is full or the stream ends; returns bytes read.
+    fn read_full(&mut self, buf: &mut [u8]) -> Result<usize, BundleError> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.src.read(&mut buf[done..]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.cause(e)),
+            }
+        }
+        self.pos += done as u64;
+        Ok(done)
+    }
+
+    /// Reads one whole block; a short block means the tar stream is cut.
+    fn read_block(&mut self) -> Result<[u8; 512], BundleError> {
+        let mut block = [0u8; 512];
+        let n = self.read_full(&mut block)?;
+        if n < block.len() {
+            return Err(BundleError::TruncatedTar {
+                entry: self.current.clone(),
+            });
+        }
+        Ok(block)
+    }
+
+    /// Discards `n` bytes that must be present.
+    fn skip(&mut self, mut n: u64) -> Result<(), BundleError> {
+        let mut scratch = [0u8; 8192];
+        while n > 0 {
+            let want = scratch.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+            let got = self.read_full(&mut scratch[..want])?;
+            if got < want {
+                return Err(BundleError::TruncatedTar {
+                    entry: self.current.clone(),
+                });
+            }
+            n -= got as u64;
+        }
+        Ok(())
+    }
+
+    /// Reads an extension header body of `size` bytes plus padding.
+    fn read_extension(&mut self, size: u64) -> Result<Vec<u8>, BundleError> {
+        let len = usize::try_from(size).map_err(|_| invalid(None, "extension header too large"))?;
+        let mut data = vec![0u8; len];
+        if self.read_full(&mut data)? < len {
+            return Err(BundleError::TruncatedTar { entry: None });
+        }
+        self.skip(padded(size) - size)?;
+        Ok(data)
+    }
+
+    /// Finishes the current member (unread data and padding).
+    fn finish_member(&mut self) -> Result<(), BundleError> {
+        let rest = self.remaining + self.padding;
+        self.remaining = 0;
+        self.padding = 0;
+        self.skip(rest)
+    }
+
+    /// A reader over the current member's data; it fails with
+    /// `truncated_tar` if the stream ends before the declared size.
+    pub(crate) fn data(&mut self) -> MemberData<'_, R> {
+        MemberData { walker: self }
+    }
+
+    /// Advances to the next member. `Ok(None)` after a valid
+    /// end-of-archive marker followed only by zero padding.
+    pub(crate) fn next_member(&mut self) -> Result<Option<Member>, BundleError> {
+        self.finish_member()?;
+        self.current = None;
+        let mut pending = Pending::default();
+        loop {
+            let block = self.read_block()?;
+            if block.iter().all(|b| *b == 0) {
+                if !pending.is_empty() {
+                    return Err(invalid(None, "extension header without a following entry"));
+                }
+                self.end_of_archive()?;
+                return Ok(None);
+            }
+            let header = tar::Header::from_byte_slice(&block);
+            let stored = header
+                .cksum()
+                .map_err(|e| invalid(None, format!("bad header checksum field: {e}")))?;
+            if stored != header_checksum(&block) {
+                return Err(invalid(
+                    Some(&display_name(&header.path_bytes())),
+                    "header checksum mismatch",
+                ));
+            }
+            let type_flag = block[156];
+            let header_size = header
+                .entry_size()
+                .map_err(|e| invalid(Some(&display_name(&header.path_bytes())), e.to_string()))?;
+            match type_flag {
+                b'x' => {
+                    if pending.pax {
+                        return Err(invalid(None, "two PAX headers for one entry"));
+                    }
+                    if header_size > MAX_PAX_BYTES {
+                        return Err(invalid(None, "PAX header too large"));
+                    }
+                    let data = self.read_extension(header_size)?;
+                    pending.pax = true;
+                    for record in tar::PaxExtensions::new(&data) {
+                        let record =
+                            record.map_err(|e| invalid(None, format!("bad PAX record: {e}")))?;
+                        let key = record
+                            .key()
+                            .map_err(|_| invalid(None, "PAX key is not UTF-8"))?;
+                        match key {
+                            "path" => pending.pax_path = Some(record.value_bytes().to_vec()),
+                            "size" => {
+                                let size = record
+                                    .value()
+                                    .ok()
+                                    .and_then(|v| v.parse::<u64>().ok())
+                                    .ok_or_else(|| invalid(None, "bad PAX size record"))?;
+                                pending.pax_size = Some(size);
+                            }
+                            k if k.starts_with("GNU.sparse.") => pending.sparse = true,
+                            // Times, owners, xattrs, comments: dropped by
+                            // the canonical archive anyway.
+                            _ => {}
+                        }
+                    }
+                }
+                b'L' | b'K' => {
+                    // A long name is bounded by the path limit (+ its NUL).
+                    let cap = self.limits.path_bytes as u64 + 1;
+                    if header_size > cap {
+                        return Err(BundleError::PathTooLong {
+                            entry: "(GNU long name)".to_owned(),
+                            len: usize::try_from(header_size).unwrap_or(usize::MAX),
+                            limit: self.limits.path_bytes,
+                        });
+                    }
+                    let mut data = self.read_extension(header_size)?;
+                    if type_flag == b'L' {
+                        if pending.long_name.is_some() {
+                            return Err(invalid(None, "two GNU long names for one entry"));
+                        }
+                        while data.last() == Some(&0) {
+                            data.pop();
+                        }
+                        pending.long_name = Some(data);
+                    } else {
+                        if pending.long_link {
+                            return Err(invalid(None, "two GNU long link names for one entry"));
+                        }
+                        pending.long_link = true;
+                    }
+                }
+                b'g' => {
+                    if header_size > MAX_PAX_BYTES {
+                        return Err(invalid(None, "PAX global header too large"));
+                    }
+                    let data = self.read_extension(header_size)?;
+                    // `git archive` writes a global header with only a
+                    // comment; anything else would change how later entries
+                    // are read by some tools and not others.
+                    for record in tar::PaxExtensions::new(&data) {
+                        let record =
+                            record.map_err(|e| invalid(None, format!("bad PAX record: {e}")))?;
+                        let key = String::from_utf8_lossy(record.key_bytes()).into_owned();
+                        if key != "comment" {
+                            return Err(BundleError::PaxGlobalHeader { key });
+                        }
+                    }
+                }
+                _ => {
+                    return self
+                        .member(header, type_flag, header_size, pending)
+                        .map(Some)
+                }
+            }
+        }
+    }
+
+    /// Applies the member rules to a non-extension header.
+    fn member(
+        &mut self,
+        header: &tar::Header,
+        type_flag: u8,
+        header_size: u64,
+        pending: Pending,
+    ) -> Result<Member, BundleError> {
+        let raw = match (pending.pax_path, pending.long_name) {
+            (Some(p), _) => p,
+            (None, Some(l)) => l,
+            (None, None) => header.path_bytes().into_owned(),
+        };
+        let name = display_name(&raw);
+        self.current = Some(name.clone());
+        let size = pending.pax_size.unwrap_or(header_size);
+        let path = normalize(&raw, &self.limits)?;
+        let shown = path
+            .as_ref()
+            .map_or(name.clone(), |p| p.as_str().to_owned());
+        let kind = match type_flag {
+            b'0' | b'\0' | b'7' => {
+                if pending.sparse {
+                    return Err(BundleError::SparseNotAllowed { entry: shown });
+                }
+                // Old-style archives mark directories by a trailing slash on
+                // a regular entry; refuse the ambiguity outright.
+                if raw.ends_with(b"/") {
+                    return Err(invalid(Some(&shown), "regular file name ends with '/'"));
+                }
+                if path.is_none() {
+                    return Err(BundleError::EmptyPath { entry: name });
+                }
+                let mode = header
+                    .mode()
+                    .map_err(|e| invalid(Some(&shown), e.to_string()))?;
+                MemberKind::File {
+                    exec: mode & 0o100 != 0,
+                }
+            }
+            b'5' => {
+                if size != 0 {
+                    return Err(invalid(Some(&shown), "directory entry with data"));
+                }
+                MemberKind::Dir
+            }
+            b'1' => {
+                return Err(BundleError::LinkNotAllowed {
+                    entry: shown,
+                    kind: super::error::LinkKind::Hard,
+                })
+            }
+            b'2' => {
+                return Err(BundleError::LinkNotAllowed {
+                    entry: shown,
+                    kind: super::error::LinkKind::Symbolic,
+                })
+            }
+            b'3' => {
+                return Err(BundleError::DeviceNotAllowed {
+                    entry: shown,
+                    kind: super::error::DeviceKind::Char,
+                })
+            }
+            b'4' => {
+                return Err(BundleError::DeviceNotAllowed {
+                    entry: shown,
+                    kind: super::error::DeviceKind::Block,
+                })
+            }
+            b'6' => return Err(BundleError::FifoNotAllowed { entry: shown }),
+            b'S' => return Err(BundleError::SparseNotAllowed { entry: shown }),
+            other => {
+                return Err(BundleError::UnknownEntryType {
+                    entry: shown,
+                    kind: format!("type flag {:?}", char::from(other)),
+                })
+            }
+        };
+        if pending.long_link {
+            return Err(invalid(
+                Some(&shown),
+                "GNU long link name on a non-link entry",
+            ));
+        }
+        if size > self.limits.file_bytes {
+            return Err(BundleError::FileTooLarge {
+                entry: shown,
+                size,
+                limit: self.limits.file_bytes,
+            });
+        }
+        // The header already claims more than the inflated budget: stop now
+        // rather than inflate up to the limit.
+        if self.pos.saturating_add(padded(size)) > self.limits.inflated_bytes {
+            return Err(BundleError::InflatedTooLarge {
+                limit: self.limits.inflated_bytes,
+                entry: Some(shown),
+            });
+        }
+        self.remaining = size;
+        self.padding = padded(size) - size;
+        self.current = Some(shown);
+        Ok(Member {
+            path,
+            kind,
+            size,
+            name,
+        })
+    }
+
+    /// After the first zero block: a second one must follow, then only
+    /// zero padding until the stream ends.
+    fn end_of_archive(&mut self) -> Result<(), BundleError> {
+        let mut second = [0u8; 512];
+        if self.read_full(&mut second)? < second.len() {
+            return Err(BundleError::TruncatedTar { entry: None });
+        }
+        if second.iter().any(|b| *b != 0) {
+            return Err(BundleError::TarTrailingData);
+        }
+        let mut scratch = vec![0u8; 64 * 1024];
+        loop {
+            let n = self.read_full(&mut scratch)?;
+            if scratch[..n].iter().any(|b| *b != 0) {
+                return Err(BundleError::TarTrailingData);
+            }
+            if n < scratch.len() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Reader over one member's data; see [`TarWalker::data`].
+pub(crate) struct MemberData<'a, R> {
+    walker: &'a mut TarWalker<R>,
+}
+
+impl<R: Read> Read for MemberData<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let w = &mut *self.walker;
+        if w.remaining == 0 || buf.is_empty() {
+            return Ok(0);
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(w.remaining).unwrap_or(usize::MAX));
+        let n = w.src.read(&mut buf[..want])?;
+        if n == 0 {
+            let entry = w.current.clone();
+            return Err(trip(&w.trap, BundleError::TruncatedTar { entry }));
+        }
+        w.pos += n as u64;
+        w.remaining -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Checks that nothing follows the gzip member in the compressed input.
+pub(crate) fn ensure_no_trailing<B: BufRead>(src: &mut B, trap: &Trap) -> Result<(), BundleError> {
+    match src.fill_buf() {
+        Ok([]) => Ok(()),
+        Ok(_) => Err(BundleError::TrailingGarbage),
+        Err(e) => Err(untrap(trap, e)),
+    }
+}

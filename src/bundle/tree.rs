@@ -1,0 +1,177 @@
+//! The accepted tree: duplicate and file/directory conflict detection,
+//! implied parent directories, and the sorted index the canonical archive is
+//! emitted from. Memory is proportional to the entry count, which is
+//! limited.
+
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
+
+use super::error::BundleError;
+use super::path::CanonPath;
+
+/// Where a regular file's content lives and how it is emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileNode {
+    /// Size in bytes.
+    pub size: u64,
+    /// Owner-executable (the only mode bit kept, as git does).
+    pub exec: bool,
+    /// Where the content is: an offset in the spool, or an index into the
+    /// packer's list of files.
+    pub offset: u64,
+}
+
+/// One node of the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Node {
+    /// A directory. `explicit` is false when only implied by a child.
+    Dir {
+        /// Listed by its own archive member.
+        explicit: bool,
+    },
+    /// A regular file.
+    File(FileNode),
+}
+
+/// The accepted tree, keyed in canonical order.
+#[derive(Debug, Default)]
+pub(crate) struct Tree {
+    nodes: BTreeMap<CanonPath, Node>,
+    files: u64,
+    dirs: u64,
+}
+
+impl Tree {
+    /// Number of regular files.
+    pub(crate) fn files(&self) -> u64 {
+        self.files
+    }
+
+    /// Number of directories, implied ones included.
+    pub(crate) fn dirs(&self) -> u64 {
+        self.dirs
+    }
+
+    /// Nodes in canonical order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&CanonPath, &Node)> {
+        self.nodes.iter()
+    }
+
+    /// The node at `path`, if any.
+    pub(crate) fn get(&self, path: &str) -> Option<&Node> {
+        self.nodes.get(&CanonPath::from_trusted(path.to_owned()))
+    }
+
+    /// Creates the missing ancestors of `path` as implied directories and
+    /// appends them to `created`, outermost first.
+    fn ensure_parents(
+        &mut self,
+        path: &CanonPath,
+        created: &mut Vec<CanonPath>,
+    ) -> Result<(), BundleError> {
+        for ancestor in path.ancestors() {
+            let key = CanonPath::from_trusted(ancestor.to_owned());
+            match self.nodes.entry(key) {
+                Entry::Occupied(o) => {
+                    if let Node::File(_) = o.get() {
+                        return Err(BundleError::FileDirConflict {
+                            entry: ancestor.to_owned(),
+                        });
+                    }
+                }
+                Entry::Vacant(v) => {
+                    created.push(v.key().clone());
+                    v.insert(Node::Dir { explicit: false });
+                    self.dirs += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds an explicit directory. Returns the nodes this created, in
+    /// canonical order (empty when the directory was already implied).
+    pub(crate) fn add_dir(&mut self, path: CanonPath) -> Result<Vec<CanonPath>, BundleError> {
+        let mut created = Vec::new();
+        self.ensure_parents(&path, &mut created)?;
+        match self.nodes.get_mut(&path) {
+            Some(Node::File(_)) => {
+                return Err(BundleError::FileDirConflict {
+                    entry: path.as_str().to_owned(),
+                })
+            }
+            Some(Node::Dir { explicit: true }) => {
+                return Err(BundleError::DuplicatePath {
+                    entry: path.as_str().to_owned(),
+                })
+            }
+            Some(Node::Dir { explicit }) => *explicit = true,
+            None => {
+                self.nodes
+                    .insert(path.clone(), Node::Dir { explicit: true });
+                self.dirs += 1;
+                created.push(path);
+            }
+        }
+        Ok(created)
+    }
+
+    /// Adds a regular file. Returns the nodes this created (implied parents
+    /// and the file), in canonical order.
+    pub(crate) fn add_file(
+        &mut self,
+        path: CanonPath,
+        file: FileNode,
+    ) -> Result<Vec<CanonPath>, BundleError> {
+        let mut created = Vec::new();
+        self.ensure_parents(&path, &mut created)?;
+        match self.nodes.entry(path) {
+            Entry::Occupied(o) => {
+                let entry = o.key().as_str().to_owned();
+                return Err(match o.get() {
+                    Node::File(_) => BundleError::DuplicatePath { entry },
+                    Node::Dir { .. } => BundleError::FileDirConflict { entry },
+                });
+            }
+            Entry::Vacant(v) => {
+                created.push(v.key().clone());
+                v.insert(Node::File(file));
+                self.files += 1;
+            }
+        }
+        Ok(created)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> CanonPath {
+        CanonPath::from_trusted(s.to_owned())
+    }
+
+    const F: FileNode = FileNode {
+        size: 0,
+        exec: false,
+        offset: 0,
+    };
+
+    #[test]
+    fn implied_parents_then_explicit_dir_is_not_a_duplicate() {
+        let mut t = Tree::default();
+        let created = t.add_file(p("a/b/c"), F).unwrap();
+        assert_eq!(created, vec![p("a"), p("a/b"), p("a/b/c")]);
+        assert!(t.add_dir(p("a/b")).unwrap().is_empty());
+        assert_eq!(t.add_dir(p("a/b")).unwrap_err().code(), "duplicate_path");
+        assert_eq!((t.files(), t.dirs()), (1, 2));
+    }
+
+    #[test]
+    fn file_under_file_conflicts() {
+        let mut t = Tree::default();
+        t.add_file(p("a"), F).unwrap();
+        let e = t.add_file(p("a/b"), F).unwrap_err();
+        assert_eq!((e.code(), e.entry()), ("file_dir_conflict", Some("a")));
+    }
+}
