@@ -65,7 +65,7 @@ async fn workload_commands_end_to_end() {
 
     let got: Value = serde_json::from_str(&ok(ctl(
         &server,
-        &["-o", "json", "workload", "get", "proj"],
+        &["--output", "json", "workload", "get", "proj"],
     )
     .await))
     .unwrap();
@@ -112,7 +112,7 @@ async fn workload_commands_end_to_end() {
     let rev: Value = serde_json::from_str(&ok(ctl(
         &server,
         &[
-            "-o",
+            "--output",
             "json",
             "workload",
             "upload",

@@ -21,7 +21,7 @@ pub struct WorkloadArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum WorkloadCommand {
-    /// Create a workload (prints its name; `-o json` also shows the upload grant).
+    /// Create a workload (prints its name; `--output json` also shows the upload grant).
     Create {
         /// Name: lowercase letters, digits and '-', at most 50 [default: wl-<8 hex>].
         name: Option<String>,
