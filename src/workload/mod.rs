@@ -749,3 +749,6 @@ impl Inner {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests;
