@@ -8,11 +8,13 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod backend;
 pub mod bundle;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod error;
 pub mod fsutil;
+pub mod pool;
 pub mod server;
 pub mod telemetry;
