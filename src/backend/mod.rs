@@ -6,8 +6,12 @@
 //! beyond recording and reporting [`PoolSpec::owner_scope`]; the pool
 //! service filters and hides other owners' objects.
 
+pub mod local;
+
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::{BackendKind, ServeConfig};
 use crate::pool::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
 
 /// Why a backend call failed.
@@ -102,4 +106,16 @@ pub trait SandboxBackend: Send + Sync + 'static {
 
     /// Deletes the named context's volume; `false` when it did not exist.
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError>;
+}
+
+/// Builds the backend `config` selects.
+pub async fn from_config(config: &ServeConfig) -> anyhow::Result<Arc<dyn SandboxBackend>> {
+    match config.backend {
+        BackendKind::Local => Ok(Arc::new(local::LocalBackend::open(
+            local::LocalSettings::from_config(config),
+        )?)),
+        // The kube backend lives on the `kube` branch; merging it replaces
+        // this arm with its constructor.
+        BackendKind::Kube => anyhow::bail!("the kube backend is not built into this binary"),
+    }
 }
