@@ -11,6 +11,7 @@ use crate::auth::{Authenticator, KeySet, OwnerScope};
 use crate::config::ServeConfig;
 use crate::fsutil;
 use crate::metrics::Metrics;
+use crate::pool::PoolService;
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -21,6 +22,8 @@ pub struct AppState {
     pub owner_scope: OwnerScope,
     /// Prometheus metrics of the process.
     pub metrics: Metrics,
+    /// Sandbox pools and named contexts.
+    pub pools: Arc<PoolService>,
 }
 
 impl FromRef<AppState> for Metrics {
@@ -45,10 +48,15 @@ impl AppState {
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
         let metrics = Metrics::new();
+        let backend = crate::backend::from_config(config)
+            .await
+            .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
+        let pools = Arc::new(PoolService::new(backend));
         Ok(Self {
             auth,
             owner_scope,
             metrics,
+            pools,
         })
     }
 }

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod backend;
 pub mod bundle;
 pub mod cli;
 pub mod client;
@@ -15,5 +16,6 @@ pub mod config;
 pub mod error;
 pub mod fsutil;
 pub mod metrics;
+pub mod pool;
 pub mod server;
 pub mod telemetry;

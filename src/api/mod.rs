@@ -1,7 +1,10 @@
 //! HTTP routers, one module per resource. Handlers are thin: they extract,
 //! authorise, call a service and map the result.
 
+mod contexts;
 mod health;
+pub mod json;
+mod pools;
 
 use axum::routing::get;
 use axum::{middleware, Router};
@@ -14,7 +17,10 @@ use crate::metrics;
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(health::router())
+        .merge(pools::router())
+        .merge(contexts::router())
         .route("/metrics", get(metrics::render))
+        // Last, so it wraps every route above.
         .route_layer(middleware::from_fn_with_state(
             state.metrics.clone(),
             metrics::track,
