@@ -8,6 +8,7 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod backend;
 pub mod bundle;
 pub mod cli;
 pub mod client;

@@ -1,0 +1,428 @@
+//! Builders of the Kubernetes objects a pool or named context consists of:
+//! the upstream names, labels, annotations and manifests (upstream
+//! context-service §2.2–2.7), plus the owner label.
+//!
+//! Everything here is pure: no I/O, the clock is a parameter.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSpec, ResourceRequirements, TopologySpreadConstraint,
+    Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Resource;
+
+use super::crd::{
+    ClaimLifecycle, PodMetadata, PodTemplate, Sandbox, SandboxClaim, SandboxClaimSpec,
+    SandboxSpec, WarmPoolRef,
+};
+use super::settings::KubeSettings;
+
+/// Label naming the pool an object belongs to; also the pool's selector.
+pub const LABEL_POOL: &str = "context.rossoctl.io/pool";
+/// Standard label marking objects this service manages.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_MANAGED_BY`].
+pub const MANAGED_BY: &str = "context-service";
+/// Label holding the owner scope (32 hex) of the caller that made the object.
+pub const LABEL_OWNER: &str = "context.rossoctl.io/owner";
+/// Replica count: a label on pool PVCs, an annotation on Sandboxes and claims.
+pub const KEY_REPLICAS: &str = "context.rossoctl.io/replicas";
+/// Sandbox annotation: `"true"` when the workspace is mounted read-only.
+pub const ANN_READ_ONLY: &str = "context.rossoctl.io/workspace-read-only";
+/// Sandbox annotation (existing-PVC strategy only): the caller's claim name.
+pub const ANN_WORKSPACE_CLAIM: &str = "context.rossoctl.io/workspace-claim";
+/// Annotation on Sandboxes and claims: the pool's strategy. Not upstream; it
+/// lets status tell dedicated from shared when the PVCs are gone.
+pub const ANN_STRATEGY: &str = "context.rossoctl.io/strategy";
+/// Sandbox annotation: the workspace size as requested or as the existing PVC
+/// had it at creation, so status needs no extra read per request.
+pub const ANN_WORKSPACE_SIZE: &str = "context.rossoctl.io/workspace-size";
+/// Sandbox annotation: the workspace access mode (see [`ANN_WORKSPACE_SIZE`]).
+pub const ANN_WORKSPACE_ACCESS_MODE: &str = "context.rossoctl.io/workspace-access-mode";
+/// Sandbox annotation: the workspace storage class, when there is one.
+pub const ANN_WORKSPACE_STORAGE_CLASS: &str = "context.rossoctl.io/workspace-storage-class";
+/// Label on named-context PVCs: the context name.
+pub const LABEL_CONTEXT_NAME: &str = "context.rossoctl.io/name";
+/// Label on named-context PVCs: the context type.
+pub const LABEL_CONTEXT_TYPE: &str = "context.rossoctl.io/type";
+/// Sandbox annotation written by the agent-sandbox controller: the pod name.
+pub const ANN_POD_NAME: &str = "agents.x-k8s.io/pod-name";
+
+/// Name, volume and container of the workspace in every sandbox pod.
+const WORKSPACE: &str = "workspace";
+/// Mount path (and working directory) of the workspace.
+const WORKSPACE_PATH: &str = "/workspace";
+
+/// `sandbox-<pool>-<i>`.
+pub fn sandbox_name(pool: &str, index: u32) -> String {
+    format!("sandbox-{pool}-{index}")
+}
+
+/// `<pool>-workspace-<i>`: the RWO PVC of one dedicated sandbox.
+pub fn dedicated_pvc_name(pool: &str, index: u32) -> String {
+    format!("{pool}-workspace-{index}")
+}
+
+/// `<pool>-workspace`: the RWX PVC of a shared pool.
+pub fn shared_pvc_name(pool: &str) -> String {
+    format!("{pool}-workspace")
+}
+
+/// `claim-<pool>-<i>`.
+pub fn claim_name(pool: &str, index: u32) -> String {
+    format!("claim-{pool}-{index}")
+}
+
+/// `context-<name>`: the PVC of a named context.
+pub fn context_pvc_name(name: &str) -> String {
+    format!("context-{name}")
+}
+
+/// `context.rossoctl.io/pool=<pool>`: selects every object of a pool.
+pub fn pool_selector(pool: &str) -> String {
+    format!("{LABEL_POOL}={pool}")
+}
+
+/// `app.kubernetes.io/managed-by=context-service`: selects every object this
+/// service manages (the watch caches use it).
+pub fn managed_selector() -> String {
+    format!("{LABEL_MANAGED_BY}={MANAGED_BY}")
+}
+
+/// Objects of one pool that this service manages. Requiring `managed-by` as
+/// well as the pool label means a foreign object that merely carries the pool
+/// label is never counted or deleted (upstream gap 5).
+pub fn managed_pool_selector(pool: &str) -> String {
+    format!("{},{}", pool_selector(pool), managed_selector())
+}
+
+/// The pool's workspace topology, as the builders need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrategyKind {
+    /// One RWO PVC per sandbox.
+    Dedicated,
+    /// One RWX PVC for the pool.
+    Shared,
+    /// The caller's PVC; nothing is created for the workspace.
+    Existing,
+    /// Claims against a SandboxWarmPool.
+    Warm,
+}
+
+impl StrategyKind {
+    /// The value of [`ANN_STRATEGY`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dedicated => "dedicated",
+            Self::Shared => "shared",
+            Self::Existing => "existing",
+            Self::Warm => "warm",
+        }
+    }
+
+    /// Parses [`Self::as_str`].
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "dedicated" => Some(Self::Dedicated),
+            "shared" => Some(Self::Shared),
+            "existing" => Some(Self::Existing),
+            "warm" => Some(Self::Warm),
+            _ => None,
+        }
+    }
+}
+
+/// What every object of one pool shares.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolMeta<'a> {
+    /// Pool name.
+    pub name: &'a str,
+    /// Requested number of sandboxes.
+    pub replicas: u32,
+    /// Owner scope of the caller (32 hex).
+    pub owner_scope: &'a str,
+    /// Workspace topology.
+    pub strategy: StrategyKind,
+}
+
+/// The workspace as recorded on the Sandboxes for status.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkspaceRecord {
+    /// Size (a Kubernetes quantity), possibly empty.
+    pub size: String,
+    /// Access mode, possibly empty.
+    pub access_mode: String,
+    /// Storage class, when there is one.
+    pub storage_class: Option<String>,
+}
+
+/// The PVC a sandbox mounts at `/workspace`.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkspaceVolume<'a> {
+    /// PVC name.
+    pub claim_name: &'a str,
+    /// Mount (and volume) read-only; only the existing strategy sets it.
+    pub read_only: bool,
+}
+
+/// `{pool, managed-by, owner}`: the labels of every pool object.
+pub fn pool_labels(pool: &PoolMeta<'_>) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_POOL.to_string(), pool.name.to_string()),
+        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+        (LABEL_OWNER.to_string(), pool.owner_scope.to_string()),
+    ])
+}
+
+/// A managed workspace PVC (§2.5): labels plus the replicas label, one access
+/// mode, the storage request, the class only when given.
+pub fn workspace_pvc(
+    settings: &KubeSettings,
+    pool: &PoolMeta<'_>,
+    name: &str,
+    size: &str,
+    access_mode: &str,
+    storage_class: Option<&str>,
+) -> PersistentVolumeClaim {
+    let mut labels = pool_labels(pool);
+    labels.insert(KEY_REPLICAS.to_string(), pool.replicas.to_string());
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(settings.namespace.clone()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: Some(pvc_spec(size, access_mode, storage_class)),
+        status: None,
+    }
+}
+
+/// The spec of a PVC with one access mode and a storage request.
+fn pvc_spec(size: &str, access_mode: &str, storage_class: Option<&str>) -> PersistentVolumeClaimSpec {
+    PersistentVolumeClaimSpec {
+        access_modes: Some(vec![access_mode.to_string()]),
+        resources: Some(VolumeResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "storage".to_string(),
+                Quantity(size.to_string()),
+            )])),
+            limits: None,
+        }),
+        // An empty class would disable dynamic provisioning; leave it unset
+        // so the cluster default applies.
+        storage_class_name: storage_class
+            .filter(|class| !class.is_empty())
+            .map(str::to_string),
+        ..PersistentVolumeClaimSpec::default()
+    }
+}
+
+/// Sandbox `index` of a direct pool (§2.4): upstream's pod template with the
+/// configured image, mounting `volume` at `/workspace`.
+pub fn sandbox(
+    settings: &KubeSettings,
+    pool: &PoolMeta<'_>,
+    index: u32,
+    volume: WorkspaceVolume<'_>,
+    workspace: &WorkspaceRecord,
+) -> Sandbox {
+    let labels = pool_labels(pool);
+    let mut annotations = BTreeMap::from([
+        (ANN_READ_ONLY.to_string(), volume.read_only.to_string()),
+        (KEY_REPLICAS.to_string(), pool.replicas.to_string()),
+        (ANN_STRATEGY.to_string(), pool.strategy.as_str().to_string()),
+        (ANN_WORKSPACE_SIZE.to_string(), workspace.size.clone()),
+        (
+            ANN_WORKSPACE_ACCESS_MODE.to_string(),
+            workspace.access_mode.clone(),
+        ),
+    ]);
+    if let Some(class) = workspace.storage_class.as_ref().filter(|c| !c.is_empty()) {
+        annotations.insert(ANN_WORKSPACE_STORAGE_CLASS.to_string(), class.clone());
+    }
+    if pool.strategy == StrategyKind::Existing {
+        annotations.insert(
+            ANN_WORKSPACE_CLAIM.to_string(),
+            volume.claim_name.to_string(),
+        );
+    }
+    let resources = ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            (
+                "memory".to_string(),
+                Quantity(settings.sandbox_memory_request.clone()),
+            ),
+            (
+                "cpu".to_string(),
+                Quantity(settings.sandbox_cpu_request.clone()),
+            ),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_string(),
+            Quantity(settings.sandbox_memory_limit.clone()),
+        )])),
+        ..ResourceRequirements::default()
+    };
+    let container = Container {
+        name: "sandbox".to_string(),
+        image: Some(settings.sandbox_image.clone()),
+        command: Some(settings.sandbox_command.clone()),
+        working_dir: Some(WORKSPACE_PATH.to_string()),
+        volume_mounts: Some(vec![VolumeMount {
+            name: WORKSPACE.to_string(),
+            mount_path: WORKSPACE_PATH.to_string(),
+            read_only: Some(volume.read_only),
+            ..VolumeMount::default()
+        }]),
+        resources: Some(resources),
+        ..Container::default()
+    };
+    let spread = TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: "kubernetes.io/hostname".to_string(),
+        when_unsatisfiable: "ScheduleAnyway".to_string(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                LABEL_POOL.to_string(),
+                pool.name.to_string(),
+            )])),
+            match_expressions: None,
+        }),
+        ..TopologySpreadConstraint::default()
+    };
+    let pod_spec = PodSpec {
+        topology_spread_constraints: Some(vec![spread]),
+        containers: vec![container],
+        volumes: Some(vec![Volume {
+            name: WORKSPACE.to_string(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: volume.claim_name.to_string(),
+                read_only: Some(volume.read_only),
+            }),
+            ..Volume::default()
+        }]),
+        service_account_name: settings.sandbox_service_account.clone(),
+        ..PodSpec::default()
+    };
+    let mut object = Sandbox::new(
+        &sandbox_name(pool.name, index),
+        SandboxSpec {
+            pod_template: PodTemplate {
+                metadata: Some(PodMetadata {
+                    labels: labels.clone(),
+                    annotations: BTreeMap::new(),
+                }),
+                spec: pod_spec,
+            },
+            ..SandboxSpec::default()
+        },
+    );
+    object.metadata.namespace = Some(settings.namespace.clone());
+    object.metadata.labels = Some(labels);
+    object.metadata.annotations = Some(annotations);
+    object
+}
+
+/// SandboxClaim `index` of a warm pool (§2.6) with a lifecycle: it expires at
+/// `now + claim_ttl` and is then deleted with its sandbox.
+pub fn sandbox_claim(
+    settings: &KubeSettings,
+    pool: &PoolMeta<'_>,
+    index: u32,
+    warm_pool: &str,
+    now: Timestamp,
+) -> SandboxClaim {
+    let mut object = SandboxClaim::new(
+        &claim_name(pool.name, index),
+        SandboxClaimSpec {
+            warm_pool_ref: WarmPoolRef {
+                name: warm_pool.to_string(),
+            },
+            lifecycle: Some(ClaimLifecycle {
+                shutdown_time: Some(shutdown_time(now, settings.claim_ttl)),
+                shutdown_policy: Some("Delete".to_string()),
+                ttl_seconds_after_finished: None,
+            }),
+            // Only the pool label, as upstream: it is what the harness's
+            // selector matches on the claimed pod.
+            additional_pod_metadata: Some(PodMetadata {
+                labels: BTreeMap::from([(LABEL_POOL.to_string(), pool.name.to_string())]),
+                annotations: BTreeMap::new(),
+            }),
+        },
+    );
+    object.metadata.namespace = Some(settings.namespace.clone());
+    object.metadata.labels = Some(pool_labels(pool));
+    object.metadata.annotations = Some(BTreeMap::from([
+        (KEY_REPLICAS.to_string(), pool.replicas.to_string()),
+        (ANN_STRATEGY.to_string(), StrategyKind::Warm.as_str().to_string()),
+    ]));
+    object
+}
+
+/// `now + ttl` as RFC 3339 in UTC with whole seconds (what the API server
+/// stores for a `metav1.Time`).
+fn shutdown_time(now: Timestamp, ttl: Duration) -> String {
+    let ttl = SignedDuration::try_from(ttl).unwrap_or(SignedDuration::MAX);
+    let at = now.checked_add(ttl).unwrap_or(Timestamp::MAX);
+    let whole = Timestamp::from_second(at.as_second()).unwrap_or(at);
+    whole.to_string()
+}
+
+/// A reference making `sandbox` the owner of a dedicated PVC, so the garbage
+/// collector deletes the PVC with its Sandbox. Not a controller reference and
+/// without `blockOwnerDeletion`: the Sandbox controller must not treat the
+/// PVC as one of its own templates, and blocking needs `update` on
+/// `sandboxes/finalizers`, which this service does not hold.
+pub fn sandbox_owner_reference(sandbox: &Sandbox) -> Option<OwnerReference> {
+    sandbox.owner_ref(&())
+}
+
+/// The server-side apply body that adds `owner` to the PVC `name`: only the
+/// fields this service owns through apply.
+pub fn pvc_owner_patch(namespace: &str, name: &str, owner: OwnerReference) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "ownerReferences": [owner],
+        },
+    })
+}
+
+/// The PVC of a named context (§2.7) in `namespace`.
+pub fn context_pvc(
+    namespace: &str,
+    name: &str,
+    context_type: &str,
+    owner_scope: &str,
+    size: &str,
+    access_mode: &str,
+    storage_class: Option<&str>,
+) -> PersistentVolumeClaim {
+    let labels = BTreeMap::from([
+        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+        (LABEL_CONTEXT_NAME.to_string(), name.to_string()),
+        (LABEL_CONTEXT_TYPE.to_string(), context_type.to_string()),
+        (LABEL_OWNER.to_string(), owner_scope.to_string()),
+    ]);
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(context_pvc_name(name)),
+            namespace: Some(namespace.to_string()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: Some(pvc_spec(size, access_mode, storage_class)),
+        status: None,
+    }
+}

@@ -1,0 +1,552 @@
+//! Pool status from plain objects: phase (`provisioning | ready | failed`)
+//! with reason and message from the Sandbox / SandboxClaim / Pod conditions,
+//! ready count, members, and the workspace description.
+//!
+//! Pure functions over objects already selected for one pool, so they are
+//! unit-testable without a cluster; the watch caches feed them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
+
+use super::crd::{Condition, Sandbox, SandboxClaim};
+use super::objects::{
+    StrategyKind, ANN_POD_NAME, ANN_READ_ONLY, ANN_STRATEGY, ANN_WORKSPACE_ACCESS_MODE,
+    ANN_WORKSPACE_CLAIM, ANN_WORKSPACE_SIZE, ANN_WORKSPACE_STORAGE_CLASS, KEY_REPLICAS,
+    LABEL_OWNER,
+};
+
+/// Label the claim controller puts on the Sandbox it binds to a claim.
+const LABEL_CLAIM_UID: &str = "agents.x-k8s.io/claim-uid";
+
+/// Sandbox / claim `Ready` reasons after which the member will not become
+/// ready without intervention (agent-sandbox §1.3, §1.6; the Python SDK's
+/// terminal list plus the missing-reference and terminal-pod reasons).
+const TERMINAL_REASONS: &[&str] = &[
+    "WarmPoolNotFound",
+    "TemplateNotFound",
+    "InvalidMetadata",
+    "EnvVarsInjectionRejected",
+    "VolumeClaimTemplatesError",
+    "ClaimExpired",
+    "SandboxExpired",
+    "PodFailed",
+    "PodSucceeded",
+];
+
+/// Coarse state of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Not every sandbox is ready yet, and nothing has failed for good.
+    Provisioning,
+    /// Every requested sandbox is ready.
+    Ready,
+    /// At least one sandbox cannot become ready without intervention.
+    Failed,
+}
+
+/// One sandbox of a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    /// The Sandbox name (for a warm pool the adopted sandbox keeps its own
+    /// name); the claim name while a claim is not bound yet.
+    pub name: String,
+    /// The backing pod, once known.
+    pub pod: Option<String>,
+    /// The Sandbox (or the claim's forwarded) `Ready` condition is `True`.
+    pub ready: bool,
+}
+
+/// What the pool's workspace is, as far as the objects tell.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkspaceView {
+    /// Storage request (canonical when read from a PVC); empty for warm pools.
+    pub size: String,
+    /// First access mode; empty for warm pools.
+    pub access_mode: String,
+    /// Storage class, when known.
+    pub storage_class: Option<String>,
+    /// The caller's PVC (existing strategy only).
+    pub claim_name: Option<String>,
+    /// Read-only mount (existing strategy only).
+    pub read_only: Option<bool>,
+}
+
+/// The status of one pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolView {
+    /// Pool name.
+    pub name: String,
+    /// Requested sandboxes.
+    pub replicas: u32,
+    /// Workspace topology.
+    pub strategy: StrategyKind,
+    /// The SandboxWarmPool claims check out from (warm strategy only).
+    pub warm_pool: Option<String>,
+    /// Workspace description.
+    pub workspace: WorkspaceView,
+    /// Coarse state.
+    pub phase: Phase,
+    /// Sandboxes whose `Ready` condition is `True`.
+    pub ready_replicas: u32,
+    /// Machine-readable cause when not ready.
+    pub reason: Option<String>,
+    /// Human-readable cause when not ready.
+    pub message: Option<String>,
+    /// The sandboxes, in index order.
+    pub members: Vec<MemberView>,
+    /// Owner scope from the objects' owner label (empty when absent).
+    pub owner_scope: String,
+}
+
+/// The objects of one pool, as selected by its pool label, plus the
+/// Sandboxes its claims are bound to (they carry the controller's labels,
+/// not ours, after a warm adoption).
+#[derive(Debug, Clone, Default)]
+pub struct PoolObjects {
+    /// SandboxClaims with the pool label.
+    pub claims: Vec<Arc<SandboxClaim>>,
+    /// Sandboxes with the pool label (direct strategies).
+    pub sandboxes: Vec<Arc<Sandbox>>,
+    /// Managed PVCs with the pool label.
+    pub pvcs: Vec<Arc<PersistentVolumeClaim>>,
+    /// Pods of the pool's sandboxes.
+    pub pods: Vec<Arc<Pod>>,
+    /// Sandboxes bound to the pool's claims, found by `status.sandbox.name`.
+    pub bound_sandboxes: Vec<Arc<Sandbox>>,
+}
+
+impl PoolObjects {
+    /// No claim, Sandbox or PVC carries the pool label: there is no pool.
+    pub fn is_empty(&self) -> bool {
+        self.claims.is_empty() && self.sandboxes.is_empty() && self.pvcs.is_empty()
+    }
+}
+
+/// The status of pool `name`, or `None` when no object of it exists.
+/// `creating` says a create of this pool is still running, so missing
+/// members are expected rather than a failure.
+pub fn pool_status(name: &str, objects: &PoolObjects, creating: bool) -> Option<PoolView> {
+    if objects.is_empty() {
+        return None;
+    }
+    Some(if objects.claims.is_empty() {
+        direct_status(name, objects, creating)
+    } else {
+        warm_status(name, objects, creating)
+    })
+}
+
+/// Status of a warm pool: claim → bound Sandbox → pod (agent-sandbox §3.1).
+fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView {
+    let mut claims: Vec<&SandboxClaim> = objects.claims.iter().map(Arc::as_ref).collect();
+    claims.sort_by_key(|claim| index_key(&claim.name_any()));
+    let first = claims[0];
+    let replicas = replicas_from(first.annotations()).unwrap_or(claims.len() as u32);
+    let mut members = Vec::with_capacity(claims.len());
+    let mut problems = Vec::new();
+    for claim in &claims {
+        let ready_condition = claim
+            .status
+            .as_ref()
+            .and_then(|status| condition(&status.conditions, "Ready"));
+        let ready = is_true(ready_condition);
+        let bound = claim
+            .status
+            .as_ref()
+            .and_then(|status| status.sandbox.as_ref())
+            .map(|sandbox| sandbox.name.as_str())
+            .filter(|name| !name.is_empty());
+        let member = match bound {
+            Some(sandbox_name) => {
+                let sandbox = bound_sandbox(claim, sandbox_name, &objects.bound_sandboxes);
+                // Pod name = the controller's annotation, falling back to the
+                // Sandbox name (the SDKs' rule); unknown until the Sandbox is
+                // seen or the claim reports ready.
+                let pod = match sandbox {
+                    Some(sandbox) => Some(pod_name(sandbox)),
+                    None if ready => Some(sandbox_name.to_string()),
+                    None => None,
+                };
+                MemberView {
+                    name: sandbox_name.to_string(),
+                    pod,
+                    ready,
+                }
+            }
+            None => MemberView {
+                name: claim.name_any(),
+                pod: None,
+                ready,
+            },
+        };
+        if !ready {
+            problems.push(Problem::from_condition(&claim.name_any(), ready_condition));
+        }
+        members.push(member);
+    }
+    let workspace = WorkspaceView::default();
+    let warm_pool = Some(first.spec.warm_pool_ref.name.clone()).filter(|n| !n.is_empty());
+    finish(
+        name,
+        replicas,
+        StrategyKind::Warm,
+        warm_pool,
+        workspace,
+        members,
+        problems,
+        creating,
+        owner_of(first.labels()),
+    )
+}
+
+/// The Sandbox a claim is bound to, only if it really belongs to that claim
+/// (its claim-UID label or an owner reference names the claim), so a
+/// same-named foreign Sandbox is never reported as a member.
+fn bound_sandbox<'a>(
+    claim: &SandboxClaim,
+    sandbox_name: &str,
+    candidates: &'a [Arc<Sandbox>],
+) -> Option<&'a Sandbox> {
+    let uid = claim.uid()?;
+    candidates
+        .iter()
+        .map(Arc::as_ref)
+        .filter(|sandbox| sandbox.name_any() == sandbox_name)
+        .find(|sandbox| {
+            sandbox.labels().get(LABEL_CLAIM_UID) == Some(&uid)
+                || sandbox
+                    .owner_references()
+                    .iter()
+                    .any(|owner| owner.uid == uid)
+        })
+}
+
+/// Status of a direct pool (dedicated, shared, existing).
+fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView {
+    let mut sandboxes: Vec<&Sandbox> = objects.sandboxes.iter().map(Arc::as_ref).collect();
+    sandboxes.sort_by_key(|sandbox| index_key(&sandbox.name_any()));
+    let mut pvcs: Vec<&PersistentVolumeClaim> = objects.pvcs.iter().map(Arc::as_ref).collect();
+    pvcs.sort_by_key(|pvc| index_key(&pvc.name_any()));
+    let first_sandbox = sandboxes.first().copied();
+    let first_pvc = pvcs.first().copied();
+
+    let annotations = first_sandbox.map(|s| s.annotations().clone()).unwrap_or_default();
+    let replicas = replicas_from(&annotations)
+        .or_else(|| first_pvc.and_then(|pvc| replicas_from(pvc.labels())))
+        .unwrap_or(sandboxes.len() as u32);
+    let claim_name = annotations
+        .get(ANN_WORKSPACE_CLAIM)
+        .filter(|claim| !claim.is_empty())
+        .cloned();
+    let strategy = annotations
+        .get(ANN_STRATEGY)
+        .and_then(|value| StrategyKind::parse(value))
+        .filter(|kind| *kind != StrategyKind::Warm)
+        .unwrap_or_else(|| infer_strategy(claim_name.is_some(), &pvcs));
+    let workspace = direct_workspace(&annotations, claim_name, first_pvc);
+
+    let pods: BTreeMap<String, &Pod> = objects
+        .pods
+        .iter()
+        .map(|pod| (pod.name_any(), pod.as_ref()))
+        .collect();
+    let mut members = Vec::with_capacity(sandboxes.len());
+    let mut problems = Vec::new();
+    for sandbox in &sandboxes {
+        let conditions = sandbox
+            .status
+            .as_ref()
+            .map(|status| status.conditions.as_slice())
+            .unwrap_or_default();
+        let ready_condition = condition(conditions, "Ready");
+        let ready = is_true(ready_condition) && sandbox.metadata.deletion_timestamp.is_none();
+        let expected_pod = pod_name(sandbox);
+        let pod = pods.get(&expected_pod).copied();
+        let known_pod = sandbox.annotations().contains_key(ANN_POD_NAME) || pod.is_some();
+        if !ready {
+            let problem = pod
+                .and_then(|pod| Problem::from_pod(&sandbox.name_any(), pod))
+                .unwrap_or_else(|| {
+                    Problem::from_sandbox(&sandbox.name_any(), conditions, ready_condition)
+                });
+            problems.push(problem);
+        }
+        members.push(MemberView {
+            name: sandbox.name_any(),
+            pod: known_pod.then_some(expected_pod),
+            ready,
+        });
+    }
+    for pvc in &pvcs {
+        let lost = pvc
+            .status
+            .as_ref()
+            .and_then(|status| status.phase.as_deref())
+            == Some("Lost");
+        if lost {
+            problems.push(Problem {
+                reason: "WorkspaceLost".to_string(),
+                message: format!("workspace PVC {} lost its volume", pvc.name_any()),
+                terminal: true,
+            });
+        }
+    }
+    let owner = first_sandbox
+        .map(|s| owner_of(s.labels()))
+        .or_else(|| first_pvc.map(|p| owner_of(p.labels())))
+        .unwrap_or_default();
+    finish(
+        name, replicas, strategy, None, workspace, members, problems, creating, owner,
+    )
+}
+
+/// Dedicated vs shared vs existing for objects without our strategy
+/// annotation (made by the Go prototype).
+fn infer_strategy(has_claim: bool, pvcs: &[&PersistentVolumeClaim]) -> StrategyKind {
+    if has_claim {
+        return StrategyKind::Existing;
+    }
+    let shared = pvcs
+        .first()
+        .map(|pvc| first_access_mode(pvc) == "ReadWriteMany")
+        .unwrap_or(false);
+    if shared {
+        StrategyKind::Shared
+    } else {
+        StrategyKind::Dedicated
+    }
+}
+
+/// The workspace of a direct pool: the managed PVC's values (canonical, as
+/// upstream) when it is cached, else what the Sandboxes recorded.
+fn direct_workspace(
+    annotations: &BTreeMap<String, String>,
+    claim_name: Option<String>,
+    pvc: Option<&PersistentVolumeClaim>,
+) -> WorkspaceView {
+    let recorded = |key: &str| annotations.get(key).cloned().unwrap_or_default();
+    let read_only = claim_name.as_ref().map(|_| {
+        annotations
+            .get(ANN_READ_ONLY)
+            .map(|value| parse_go_bool(value))
+            .unwrap_or(false)
+    });
+    match pvc.filter(|_| claim_name.is_none()) {
+        Some(pvc) => {
+            let spec = pvc.spec.as_ref();
+            WorkspaceView {
+                size: spec
+                    .and_then(|spec| spec.resources.as_ref())
+                    .and_then(|resources| resources.requests.as_ref())
+                    .and_then(|requests| requests.get("storage"))
+                    .map(|quantity| quantity.0.clone())
+                    .unwrap_or_else(|| recorded(ANN_WORKSPACE_SIZE)),
+                access_mode: first_access_mode(pvc),
+                storage_class: spec
+                    .and_then(|spec| spec.storage_class_name.clone())
+                    .filter(|class| !class.is_empty()),
+                claim_name: None,
+                read_only: None,
+            }
+        }
+        None => WorkspaceView {
+            size: recorded(ANN_WORKSPACE_SIZE),
+            access_mode: recorded(ANN_WORKSPACE_ACCESS_MODE),
+            storage_class: annotations
+                .get(ANN_WORKSPACE_STORAGE_CLASS)
+                .filter(|class| !class.is_empty())
+                .cloned(),
+            claim_name,
+            read_only,
+        },
+    }
+}
+
+/// Why a member is not ready.
+#[derive(Debug, Clone)]
+struct Problem {
+    reason: String,
+    message: String,
+    terminal: bool,
+}
+
+impl Problem {
+    /// From a `Ready` condition (or its absence).
+    fn from_condition(object: &str, ready: Option<&Condition>) -> Self {
+        match ready {
+            Some(condition) if !condition.reason.is_empty() => Self {
+                terminal: TERMINAL_REASONS.contains(&condition.reason.as_str()),
+                reason: condition.reason.clone(),
+                message: prefixed(object, &condition.message),
+            },
+            _ => Self {
+                reason: "Pending".to_string(),
+                message: format!("{object}: waiting for the controller"),
+                terminal: false,
+            },
+        }
+    }
+
+    /// From a Sandbox's conditions: a failed scheduling explains a pending
+    /// pod better than the generic `DependenciesNotReady`.
+    fn from_sandbox(object: &str, conditions: &[Condition], ready: Option<&Condition>) -> Self {
+        let from_ready = Self::from_condition(object, ready);
+        if from_ready.terminal {
+            return from_ready;
+        }
+        match condition(conditions, "PodScheduled") {
+            Some(scheduled) if scheduled.status == "False" && !scheduled.reason.is_empty() => {
+                Self {
+                    reason: scheduled.reason.clone(),
+                    message: prefixed(object, &scheduled.message),
+                    terminal: false,
+                }
+            }
+            _ => from_ready,
+        }
+    }
+
+    /// From the pod itself, when it ended: the Sandbox controller may not
+    /// have caught up yet, and a terminated pod is never recreated.
+    fn from_pod(object: &str, pod: &Pod) -> Option<Self> {
+        let status = pod.status.as_ref()?;
+        let reason = match status.phase.as_deref()? {
+            "Failed" => "PodFailed",
+            "Succeeded" => "PodSucceeded",
+            _ => return None,
+        };
+        let detail = status
+            .message
+            .clone()
+            .or_else(|| status.reason.clone())
+            .unwrap_or_else(|| format!("pod {} ended", pod.name_any()));
+        Some(Self {
+            reason: reason.to_string(),
+            message: prefixed(object, &detail),
+            terminal: true,
+        })
+    }
+}
+
+/// `object: message`, or just the object when there is no message.
+fn prefixed(object: &str, message: &str) -> String {
+    if message.is_empty() {
+        object.to_string()
+    } else {
+        format!("{object}: {message}")
+    }
+}
+
+/// Phase, reason and message from the members and their problems.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    name: &str,
+    replicas: u32,
+    strategy: StrategyKind,
+    warm_pool: Option<String>,
+    workspace: WorkspaceView,
+    members: Vec<MemberView>,
+    problems: Vec<Problem>,
+    creating: bool,
+    owner_scope: String,
+) -> PoolView {
+    let ready_replicas = members.iter().filter(|member| member.ready).count() as u32;
+    let present = members.len() as u32;
+    let (phase, reason, message) = if let Some(problem) = problems.iter().find(|p| p.terminal) {
+        (
+            Phase::Failed,
+            Some(problem.reason.clone()),
+            Some(problem.message.clone()),
+        )
+    } else if present < replicas && !creating {
+        // A member was deleted behind our back (or its claim expired): it
+        // will not come back by itself.
+        (
+            Phase::Failed,
+            Some("SandboxMissing".to_string()),
+            Some(format!("{present} of {replicas} sandboxes exist")),
+        )
+    } else if ready_replicas >= replicas && present >= replicas {
+        (Phase::Ready, None, None)
+    } else {
+        match problems.first() {
+            Some(problem) => (
+                Phase::Provisioning,
+                Some(problem.reason.clone()),
+                Some(problem.message.clone()),
+            ),
+            None => (Phase::Provisioning, None, None),
+        }
+    };
+    PoolView {
+        name: name.to_string(),
+        replicas,
+        strategy,
+        warm_pool,
+        workspace,
+        phase,
+        ready_replicas,
+        reason,
+        message,
+        members,
+        owner_scope,
+    }
+}
+
+/// The condition of `type_`, if present.
+fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|condition| condition.type_ == type_)
+}
+
+/// The condition is present and `True`.
+fn is_true(condition: Option<&Condition>) -> bool {
+    condition.is_some_and(|condition| condition.status == "True")
+}
+
+/// Pod of a Sandbox: the controller's pod-name annotation, else the Sandbox name.
+fn pod_name(sandbox: &Sandbox) -> String {
+    sandbox
+        .annotations()
+        .get(ANN_POD_NAME)
+        .filter(|name| !name.is_empty())
+        .cloned()
+        .unwrap_or_else(|| sandbox.name_any())
+}
+
+/// The replica count annotation or label.
+fn replicas_from(map: &BTreeMap<String, String>) -> Option<u32> {
+    map.get(KEY_REPLICAS)?.parse().ok()
+}
+
+/// The owner label, or empty.
+fn owner_of(labels: &BTreeMap<String, String>) -> String {
+    labels.get(LABEL_OWNER).cloned().unwrap_or_default()
+}
+
+/// First access mode of a PVC's spec, or empty.
+fn first_access_mode(pvc: &PersistentVolumeClaim) -> String {
+    pvc.spec
+        .as_ref()
+        .and_then(|spec| spec.access_modes.as_ref())
+        .and_then(|modes| modes.first())
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Go's `strconv.ParseBool` truth values (what upstream wrote and read).
+fn parse_go_bool(value: &str) -> bool {
+    matches!(value, "1" | "t" | "T" | "TRUE" | "true" | "True")
+}
+
+/// Sort key putting `x-2` before `x-10`: the trailing index, then the name.
+fn index_key(name: &str) -> (u64, String) {
+    let index = name
+        .rsplit('-')
+        .next()
+        .and_then(|tail| tail.parse().ok())
+        .unwrap_or(u64::MAX);
+    (index, name.to_string())
+}

@@ -1,0 +1,3 @@
+//! Sandbox backends of the allocation engine.
+
+pub mod kube;
