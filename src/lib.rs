@@ -15,5 +15,6 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod fsutil;
+pub mod pool;
 pub mod server;
 pub mod telemetry;
