@@ -8,35 +8,30 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, PodSpec, ResourceRequirements, TopologySpreadConstraint,
-    Volume, VolumeMount, VolumeResourceRequirements,
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
+    PodSpec, ResourceRequirements, TopologySpreadConstraint, Volume, VolumeMount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 
+use crate::pool::model::{PoolSpec, Strategy};
+
 use super::crd::{
-    ClaimLifecycle, PodMetadata, PodTemplate, Sandbox, SandboxClaim, SandboxClaimSpec,
-    SandboxSpec, WarmPoolRef,
+    ClaimLifecycle, PodMetadata, PodTemplate, Sandbox, SandboxClaim, SandboxClaimSpec, SandboxSpec,
+    WarmPoolRef,
 };
 use super::settings::KubeSettings;
 
-/// Label naming the pool an object belongs to; also the pool's selector.
-pub const LABEL_POOL: &str = "context.rossoctl.io/pool";
-/// Standard label marking objects this service manages.
-pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// Value of [`LABEL_MANAGED_BY`].
-pub const MANAGED_BY: &str = "context-service";
-/// Label holding the owner scope (32 hex) of the caller that made the object.
-pub const LABEL_OWNER: &str = "context.rossoctl.io/owner";
-/// Replica count: a label on pool PVCs, an annotation on Sandboxes and claims.
-pub const KEY_REPLICAS: &str = "context.rossoctl.io/replicas";
-/// Sandbox annotation: `"true"` when the workspace is mounted read-only.
-pub const ANN_READ_ONLY: &str = "context.rossoctl.io/workspace-read-only";
-/// Sandbox annotation (existing-PVC strategy only): the caller's claim name.
-pub const ANN_WORKSPACE_CLAIM: &str = "context.rossoctl.io/workspace-claim";
+pub use crate::pool::names::{
+    CONTEXT_NAME_LABEL as LABEL_CONTEXT_NAME, CONTEXT_TYPE_LABEL as LABEL_CONTEXT_TYPE,
+    MANAGED_BY_LABEL as LABEL_MANAGED_BY, MANAGED_BY_VALUE as MANAGED_BY,
+    OWNER_LABEL as LABEL_OWNER, POOL_LABEL as LABEL_POOL, REPLICAS_KEY as KEY_REPLICAS,
+    WORKSPACE_CLAIM_ANNOTATION as ANN_WORKSPACE_CLAIM,
+    WORKSPACE_READ_ONLY_ANNOTATION as ANN_READ_ONLY,
+};
 /// Annotation on Sandboxes and claims: the pool's strategy. Not upstream; it
 /// lets status tell dedicated from shared when the PVCs are gone.
 pub const ANN_STRATEGY: &str = "context.rossoctl.io/strategy";
@@ -47,10 +42,6 @@ pub const ANN_WORKSPACE_SIZE: &str = "context.rossoctl.io/workspace-size";
 pub const ANN_WORKSPACE_ACCESS_MODE: &str = "context.rossoctl.io/workspace-access-mode";
 /// Sandbox annotation: the workspace storage class, when there is one.
 pub const ANN_WORKSPACE_STORAGE_CLASS: &str = "context.rossoctl.io/workspace-storage-class";
-/// Label on named-context PVCs: the context name.
-pub const LABEL_CONTEXT_NAME: &str = "context.rossoctl.io/name";
-/// Label on named-context PVCs: the context type.
-pub const LABEL_CONTEXT_TYPE: &str = "context.rossoctl.io/type";
 /// Sandbox annotation written by the agent-sandbox controller: the pod name.
 pub const ANN_POD_NAME: &str = "agents.x-k8s.io/pod-name";
 
@@ -59,35 +50,11 @@ const WORKSPACE: &str = "workspace";
 /// Mount path (and working directory) of the workspace.
 const WORKSPACE_PATH: &str = "/workspace";
 
-/// `sandbox-<pool>-<i>`.
-pub fn sandbox_name(pool: &str, index: u32) -> String {
-    format!("sandbox-{pool}-{index}")
-}
-
-/// `<pool>-workspace-<i>`: the RWO PVC of one dedicated sandbox.
-pub fn dedicated_pvc_name(pool: &str, index: u32) -> String {
-    format!("{pool}-workspace-{index}")
-}
-
-/// `<pool>-workspace`: the RWX PVC of a shared pool.
-pub fn shared_pvc_name(pool: &str) -> String {
-    format!("{pool}-workspace")
-}
-
-/// `claim-<pool>-<i>`.
-pub fn claim_name(pool: &str, index: u32) -> String {
-    format!("claim-{pool}-{index}")
-}
-
-/// `context-<name>`: the PVC of a named context.
-pub fn context_pvc_name(name: &str) -> String {
-    format!("context-{name}")
-}
-
-/// `context.rossoctl.io/pool=<pool>`: selects every object of a pool.
-pub fn pool_selector(pool: &str) -> String {
-    format!("{LABEL_POOL}={pool}")
-}
+pub use crate::pool::names::{
+    claim as claim_name, context_claim as context_pvc_name,
+    dedicated_workspace as dedicated_pvc_name, sandbox as sandbox_name, selector as pool_selector,
+    shared_workspace as shared_pvc_name,
+};
 
 /// `app.kubernetes.io/managed-by=context-service`: selects every object this
 /// service manages (the watch caches use it).
@@ -151,7 +118,31 @@ pub struct PoolMeta<'a> {
     pub strategy: StrategyKind,
 }
 
-/// The workspace as recorded on the Sandboxes for status.
+impl StrategyKind {
+    /// The kind of a requested strategy.
+    pub fn of(strategy: &Strategy) -> Self {
+        match strategy {
+            Strategy::Dedicated { .. } => Self::Dedicated,
+            Strategy::Shared { .. } => Self::Shared,
+            Strategy::Existing { .. } => Self::Existing,
+            Strategy::Warm { .. } => Self::Warm,
+        }
+    }
+}
+
+impl<'a> From<&'a PoolSpec> for PoolMeta<'a> {
+    fn from(spec: &'a PoolSpec) -> Self {
+        Self {
+            name: &spec.name,
+            replicas: spec.replicas,
+            owner_scope: &spec.owner_scope,
+            strategy: StrategyKind::of(&spec.strategy),
+        }
+    }
+}
+
+/// The workspace as recorded on the Sandboxes for status: for managed
+/// workspaces what was requested, for an existing claim what the PVC had.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkspaceRecord {
     /// Size (a Kubernetes quantity), possibly empty.
@@ -205,7 +196,11 @@ pub fn workspace_pvc(
 }
 
 /// The spec of a PVC with one access mode and a storage request.
-fn pvc_spec(size: &str, access_mode: &str, storage_class: Option<&str>) -> PersistentVolumeClaimSpec {
+fn pvc_spec(
+    size: &str,
+    access_mode: &str,
+    storage_class: Option<&str>,
+) -> PersistentVolumeClaimSpec {
     PersistentVolumeClaimSpec {
         access_modes: Some(vec![access_mode.to_string()]),
         resources: Some(VolumeResourceRequirements {
@@ -362,7 +357,10 @@ pub fn sandbox_claim(
     object.metadata.labels = Some(pool_labels(pool));
     object.metadata.annotations = Some(BTreeMap::from([
         (KEY_REPLICAS.to_string(), pool.replicas.to_string()),
-        (ANN_STRATEGY.to_string(), StrategyKind::Warm.as_str().to_string()),
+        (
+            ANN_STRATEGY.to_string(),
+            StrategyKind::Warm.as_str().to_string(),
+        ),
     ]));
     object
 }

@@ -35,6 +35,9 @@ pub struct KubeSettings {
     /// How long a create waits for the watch caches to observe the objects it
     /// made, so that an immediate `get` does not answer "not found".
     pub cache_sync_timeout: Duration,
+    /// How long a read waits for the watch caches' first list (at start-up)
+    /// before answering an internal error.
+    pub initial_sync_timeout: Duration,
 }
 
 impl KubeSettings {
@@ -55,6 +58,7 @@ impl KubeSettings {
             sandbox_memory_limit: "256Mi".to_string(),
             claim_ttl: Duration::from_secs(24 * 60 * 60),
             cache_sync_timeout: Duration::from_secs(5),
+            initial_sync_timeout: Duration::from_secs(30),
         }
     }
 }

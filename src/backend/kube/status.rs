@@ -11,6 +11,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
+use crate::pool::model::{Member, PoolPhase, PoolStatus, Strategy, WorkspaceView};
+
 use super::crd::{Condition, Sandbox, SandboxClaim};
 use super::objects::{
     StrategyKind, ANN_POD_NAME, ANN_READ_ONLY, ANN_STRATEGY, ANN_WORKSPACE_ACCESS_MODE,
@@ -35,71 +37,6 @@ const TERMINAL_REASONS: &[&str] = &[
     "PodFailed",
     "PodSucceeded",
 ];
-
-/// Coarse state of a pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Not every sandbox is ready yet, and nothing has failed for good.
-    Provisioning,
-    /// Every requested sandbox is ready.
-    Ready,
-    /// At least one sandbox cannot become ready without intervention.
-    Failed,
-}
-
-/// One sandbox of a pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberView {
-    /// The Sandbox name (for a warm pool the adopted sandbox keeps its own
-    /// name); the claim name while a claim is not bound yet.
-    pub name: String,
-    /// The backing pod, once known.
-    pub pod: Option<String>,
-    /// The Sandbox (or the claim's forwarded) `Ready` condition is `True`.
-    pub ready: bool,
-}
-
-/// What the pool's workspace is, as far as the objects tell.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WorkspaceView {
-    /// Storage request (canonical when read from a PVC); empty for warm pools.
-    pub size: String,
-    /// First access mode; empty for warm pools.
-    pub access_mode: String,
-    /// Storage class, when known.
-    pub storage_class: Option<String>,
-    /// The caller's PVC (existing strategy only).
-    pub claim_name: Option<String>,
-    /// Read-only mount (existing strategy only).
-    pub read_only: Option<bool>,
-}
-
-/// The status of one pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolView {
-    /// Pool name.
-    pub name: String,
-    /// Requested sandboxes.
-    pub replicas: u32,
-    /// Workspace topology.
-    pub strategy: StrategyKind,
-    /// The SandboxWarmPool claims check out from (warm strategy only).
-    pub warm_pool: Option<String>,
-    /// Workspace description.
-    pub workspace: WorkspaceView,
-    /// Coarse state.
-    pub phase: Phase,
-    /// Sandboxes whose `Ready` condition is `True`.
-    pub ready_replicas: u32,
-    /// Machine-readable cause when not ready.
-    pub reason: Option<String>,
-    /// Human-readable cause when not ready.
-    pub message: Option<String>,
-    /// The sandboxes, in index order.
-    pub members: Vec<MemberView>,
-    /// Owner scope from the objects' owner label (empty when absent).
-    pub owner_scope: String,
-}
 
 /// The objects of one pool, as selected by its pool label, plus the
 /// Sandboxes its claims are bound to (they carry the controller's labels,
@@ -128,7 +65,7 @@ impl PoolObjects {
 /// The status of pool `name`, or `None` when no object of it exists.
 /// `creating` says a create of this pool is still running, so missing
 /// members are expected rather than a failure.
-pub fn pool_status(name: &str, objects: &PoolObjects, creating: bool) -> Option<PoolView> {
+pub fn pool_status(name: &str, objects: &PoolObjects, creating: bool) -> Option<PoolStatus> {
     if objects.is_empty() {
         return None;
     }
@@ -140,7 +77,7 @@ pub fn pool_status(name: &str, objects: &PoolObjects, creating: bool) -> Option<
 }
 
 /// Status of a warm pool: claim → bound Sandbox → pod (agent-sandbox §3.1).
-fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView {
+fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus {
     let mut claims: Vec<&SandboxClaim> = objects.claims.iter().map(Arc::as_ref).collect();
     claims.sort_by_key(|claim| index_key(&claim.name_any()));
     let first = claims[0];
@@ -170,13 +107,13 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView {
                     None if ready => Some(sandbox_name.to_string()),
                     None => None,
                 };
-                MemberView {
+                Member {
                     name: sandbox_name.to_string(),
                     pod,
                     ready,
                 }
             }
-            None => MemberView {
+            None => Member {
                 name: claim.name_any(),
                 pod: None,
                 ready,
@@ -187,14 +124,14 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView {
         }
         members.push(member);
     }
-    let workspace = WorkspaceView::default();
-    let warm_pool = Some(first.spec.warm_pool_ref.name.clone()).filter(|n| !n.is_empty());
+    let strategy = Strategy::Warm {
+        pool: first.spec.warm_pool_ref.name.clone(),
+    };
     finish(
         name,
         replicas,
-        StrategyKind::Warm,
-        warm_pool,
-        workspace,
+        strategy,
+        WorkspaceView::default(),
         members,
         problems,
         creating,
@@ -225,7 +162,7 @@ fn bound_sandbox<'a>(
 }
 
 /// Status of a direct pool (dedicated, shared, existing).
-fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView {
+fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus {
     let mut sandboxes: Vec<&Sandbox> = objects.sandboxes.iter().map(Arc::as_ref).collect();
     sandboxes.sort_by_key(|sandbox| index_key(&sandbox.name_any()));
     let mut pvcs: Vec<&PersistentVolumeClaim> = objects.pvcs.iter().map(Arc::as_ref).collect();
@@ -233,7 +170,9 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView 
     let first_sandbox = sandboxes.first().copied();
     let first_pvc = pvcs.first().copied();
 
-    let annotations = first_sandbox.map(|s| s.annotations().clone()).unwrap_or_default();
+    let annotations = first_sandbox
+        .map(|s| s.annotations().clone())
+        .unwrap_or_default();
     let replicas = replicas_from(&annotations)
         .or_else(|| first_pvc.and_then(|pvc| replicas_from(pvc.labels())))
         .unwrap_or(sandboxes.len() as u32);
@@ -241,12 +180,13 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView 
         .get(ANN_WORKSPACE_CLAIM)
         .filter(|claim| !claim.is_empty())
         .cloned();
-    let strategy = annotations
+    let kind = annotations
         .get(ANN_STRATEGY)
         .and_then(|value| StrategyKind::parse(value))
         .filter(|kind| *kind != StrategyKind::Warm)
         .unwrap_or_else(|| infer_strategy(claim_name.is_some(), &pvcs));
     let workspace = direct_workspace(&annotations, claim_name, first_pvc);
+    let strategy = requested_strategy(kind, &annotations, &workspace);
 
     let pods: BTreeMap<String, &Pod> = objects
         .pods
@@ -274,7 +214,7 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView 
                 });
             problems.push(problem);
         }
-        members.push(MemberView {
+        members.push(Member {
             name: sandbox.name_any(),
             pod: known_pod.then_some(expected_pod),
             ready,
@@ -299,8 +239,44 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolView 
         .or_else(|| first_pvc.map(|p| owner_of(p.labels())))
         .unwrap_or_default();
     finish(
-        name, replicas, strategy, None, workspace, members, problems, creating, owner,
+        name, replicas, strategy, workspace, members, problems, creating, owner,
     )
+}
+
+/// The strategy as requested: the size and class recorded on the Sandboxes
+/// at creation (the PVC may report a canonicalised size or a defaulted
+/// class), else what the workspace shows.
+fn requested_strategy(
+    kind: StrategyKind,
+    annotations: &BTreeMap<String, String>,
+    workspace: &WorkspaceView,
+) -> Strategy {
+    let size = annotations
+        .get(ANN_WORKSPACE_SIZE)
+        .filter(|size| !size.is_empty())
+        .cloned()
+        .unwrap_or_else(|| workspace.size.clone());
+    let storage_class = if annotations.contains_key(ANN_WORKSPACE_SIZE) {
+        annotations.get(ANN_WORKSPACE_STORAGE_CLASS).cloned()
+    } else {
+        workspace.storage_class.clone()
+    };
+    match kind {
+        StrategyKind::Shared => Strategy::Shared {
+            size,
+            storage_class,
+        },
+        StrategyKind::Existing => Strategy::Existing {
+            claim_name: workspace.claim_name.clone().unwrap_or_default(),
+            read_only: workspace.read_only.unwrap_or(false),
+        },
+        // Warm pools never reach here (they have claims); treat an odd
+        // annotation like the default topology.
+        StrategyKind::Dedicated | StrategyKind::Warm => Strategy::Dedicated {
+            size,
+            storage_class,
+        },
+    }
 }
 
 /// Dedicated vs shared vs existing for objects without our strategy
@@ -445,19 +421,18 @@ fn prefixed(object: &str, message: &str) -> String {
 fn finish(
     name: &str,
     replicas: u32,
-    strategy: StrategyKind,
-    warm_pool: Option<String>,
+    strategy: Strategy,
     workspace: WorkspaceView,
-    members: Vec<MemberView>,
+    members: Vec<Member>,
     problems: Vec<Problem>,
     creating: bool,
     owner_scope: String,
-) -> PoolView {
+) -> PoolStatus {
     let ready_replicas = members.iter().filter(|member| member.ready).count() as u32;
     let present = members.len() as u32;
     let (phase, reason, message) = if let Some(problem) = problems.iter().find(|p| p.terminal) {
         (
-            Phase::Failed,
+            PoolPhase::Failed,
             Some(problem.reason.clone()),
             Some(problem.message.clone()),
         )
@@ -465,27 +440,26 @@ fn finish(
         // A member was deleted behind our back (or its claim expired): it
         // will not come back by itself.
         (
-            Phase::Failed,
+            PoolPhase::Failed,
             Some("SandboxMissing".to_string()),
             Some(format!("{present} of {replicas} sandboxes exist")),
         )
     } else if ready_replicas >= replicas && present >= replicas {
-        (Phase::Ready, None, None)
+        (PoolPhase::Ready, None, None)
     } else {
         match problems.first() {
             Some(problem) => (
-                Phase::Provisioning,
+                PoolPhase::Provisioning,
                 Some(problem.reason.clone()),
                 Some(problem.message.clone()),
             ),
-            None => (Phase::Provisioning, None, None),
+            None => (PoolPhase::Provisioning, None, None),
         }
     };
-    PoolView {
+    PoolStatus {
         name: name.to_string(),
         replicas,
         strategy,
-        warm_pool,
         workspace,
         phase,
         ready_replicas,
