@@ -882,9 +882,11 @@ impl Inner {
         let _guard = self.guard();
         let claim = names::context_claim(&spec.name);
         let dir = self.volume_dir(&spec.namespace, &claim);
-        if dir.exists() {
+        if self.read_volume(&spec.namespace, &claim)?.is_some() {
             return Err(BackendError::AlreadyExists);
         }
+        // A directory without metadata is a volume a crash left half-made.
+        remove_dir(&dir).map_err(internal(format!("clean up half-made volume {claim}")))?;
         let meta = VolumeMeta {
             meta: ObjectMeta {
                 name: claim.clone(),
