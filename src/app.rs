@@ -10,6 +10,7 @@ use crate::auth::dev::{self, DevIssuer};
 use crate::auth::{Authenticator, KeySet, OwnerScope};
 use crate::config::ServeConfig;
 use crate::fsutil;
+use crate::pool::PoolService;
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -18,6 +19,8 @@ pub struct AppState {
     pub auth: Arc<Authenticator>,
     /// Computes owner scopes (labels, sandbox folders).
     pub owner_scope: OwnerScope,
+    /// Sandbox pools and named contexts.
+    pub pools: Arc<PoolService>,
 }
 
 impl FromRef<AppState> for Arc<Authenticator> {
@@ -35,7 +38,15 @@ impl AppState {
         let auth = Arc::new(build_authenticator(config)?);
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
-        Ok(Self { auth, owner_scope })
+        let backend = crate::backend::from_config(config)
+            .await
+            .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
+        let pools = Arc::new(PoolService::new(backend));
+        Ok(Self {
+            auth,
+            owner_scope,
+            pools,
+        })
     }
 }
 

@@ -66,6 +66,36 @@ pub struct ServeConfig {
     /// Log format.
     #[arg(long, env = "CS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Namespace of sandbox pools: their Sandboxes, SandboxClaims, workspace
+    /// PVCs and the warm pools and existing claims they name.
+    #[arg(long, env = "CS_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+
+    /// A SandboxWarmPool the `local` backend offers to `warmPoolRef`
+    /// (repeatable; the variable is comma-separated).
+    #[arg(
+        long = "local-warm-pool",
+        value_name = "NAME",
+        env = "CS_LOCAL_WARM_POOLS",
+        value_delimiter = ','
+    )]
+    pub local_warm_pools: Vec<String>,
+
+    /// Lifetime of a SandboxClaim: the `kube` backend sets
+    /// `lifecycle.shutdownTime` to creation + this, with policy `Delete`, so
+    /// a caller that never releases its pool cannot leak claims forever.
+    #[arg(long, env = "CS_CLAIM_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub claim_ttl: std::time::Duration,
+
+    /// Image of the sandbox container of direct pools (`kube` backend;
+    /// required there).
+    #[arg(long, env = "CS_SANDBOX_IMAGE")]
+    pub kube_sandbox_image: Option<String>,
+
+    /// `serviceAccountName` of sandbox pods of direct pools (`kube` backend).
+    #[arg(long, env = "CS_SANDBOX_SERVICE_ACCOUNT")]
+    pub kube_sandbox_service_account: Option<String>,
 }
 
 impl ServeConfig {

@@ -1,7 +1,10 @@
 //! HTTP routers, one module per resource. Handlers are thin: they extract,
 //! authorise, call a service and map the result.
 
+mod contexts;
 mod health;
+pub mod json;
+mod pools;
 
 use axum::Router;
 use tower_http::trace::TraceLayer;
@@ -12,6 +15,8 @@ use crate::app::AppState;
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(health::router())
+        .merge(pools::router())
+        .merge(contexts::router())
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -7,9 +7,12 @@
 //! service filters and hides other owners' objects.
 
 pub mod kube;
+pub mod local;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::{BackendKind, ServeConfig};
 use crate::pool::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
 
 /// Why a backend call failed.
@@ -104,4 +107,19 @@ pub trait SandboxBackend: Send + Sync + 'static {
 
     /// Deletes the named context's volume; `false` when it did not exist.
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError>;
+}
+
+/// Builds the backend `config` selects.
+pub async fn from_config(config: &ServeConfig) -> anyhow::Result<Arc<dyn SandboxBackend>> {
+    match config.backend {
+        BackendKind::Local => Ok(Arc::new(local::LocalBackend::open(
+            local::LocalSettings::from_config(config),
+        )?)),
+        BackendKind::Kube => {
+            let backend =
+                kube::KubeBackend::try_default(kube::KubeSettings::from_config(config)).await?;
+            backend.start_watchers();
+            Ok(Arc::new(backend))
+        }
+    }
 }

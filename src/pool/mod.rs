@@ -7,6 +7,7 @@ pub mod names;
 pub mod quantity;
 pub mod service;
 pub mod validate;
+pub mod wire;
 
 pub use model::{
     AccessMode, ContextPhase, ContextSpec, ContextStatus, ContextType, Member, PoolPhase, PoolSpec,

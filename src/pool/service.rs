@@ -256,3 +256,116 @@ fn context_error(err: BackendError, doing: &str) -> ApiError {
         BackendError::Internal { .. } => ApiError::internal(format!("{doing}: {err:#}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::pool::model::{ContextSpec, PoolSpec};
+    use crate::pool::validate::WorkspaceRequest;
+
+    /// Fails creation half-way after a delay, then "rolls back".
+    #[derive(Default)]
+    struct SlowFailing {
+        rolled_back: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl SandboxBackend for SlowFailing {
+        async fn create_pool(&self, _: &PoolSpec) -> Result<PoolStatus, BackendError> {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.rolled_back.store(true, Ordering::SeqCst);
+            Err(BackendError::internal(
+                "create sandbox 3",
+                std::io::Error::other("secret kube detail"),
+            ))
+        }
+        async fn get_pool(&self, _: &str) -> Result<Option<PoolStatus>, BackendError> {
+            Ok(None)
+        }
+        async fn list_pools(&self) -> Result<Vec<PoolStatus>, BackendError> {
+            Ok(Vec::new())
+        }
+        async fn delete_pool(&self, _: &str) -> Result<bool, BackendError> {
+            Ok(false)
+        }
+        async fn wait_pool(
+            &self,
+            _: &str,
+            _: Duration,
+        ) -> Result<Option<PoolStatus>, BackendError> {
+            Ok(None)
+        }
+        async fn create_context(&self, _: &ContextSpec) -> Result<ContextStatus, BackendError> {
+            Err(BackendError::AlreadyExists)
+        }
+        async fn get_context(
+            &self,
+            _: &str,
+            _: &str,
+        ) -> Result<Option<ContextStatus>, BackendError> {
+            Ok(None)
+        }
+        async fn list_contexts(&self, _: &str) -> Result<Vec<ContextStatus>, BackendError> {
+            Ok(Vec::new())
+        }
+        async fn delete_context(&self, _: &str, _: &str) -> Result<bool, BackendError> {
+            Ok(false)
+        }
+    }
+
+    fn request() -> CreatePoolRequest {
+        CreatePoolRequest {
+            name: "p".into(),
+            replicas: 5,
+            warm_pool_ref: String::new(),
+            workspace: WorkspaceRequest {
+                size: "1Gi".into(),
+                access_mode: "ReadWriteOnce".into(),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_caller_does_not_cancel_creation_or_rollback() {
+        let backend = Arc::new(SlowFailing::default());
+        let service = PoolService::new(backend.clone());
+        let req = request();
+        // The client goes away long before the backend finishes.
+        let dropped =
+            tokio::time::timeout(Duration::from_millis(20), service.create(&req, "o")).await;
+        assert!(dropped.is_err());
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(backend.rolled_back.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn backend_errors_map_to_generic_api_errors() {
+        let service = PoolService::new(Arc::new(SlowFailing::default()));
+        let err = service.create(&request(), "o").await.unwrap_err();
+        assert_eq!(err.code(), "internal_error");
+        assert!(!err.message().contains("secret"), "{}", err.message());
+        let ctx = CreateContextRequest {
+            name: "c".into(),
+            namespace: "ns".into(),
+            context_type: "memory".into(),
+            storage: validate::StorageRequest {
+                backend: "pvc".into(),
+                size: "1Gi".into(),
+                access_mode: "ReadWriteOnce".into(),
+                storage_class: String::new(),
+            },
+        };
+        let err = service.create_context(&ctx, "o").await.unwrap_err();
+        assert_eq!(
+            (err.code(), err.message()),
+            ("already_exists", CONTEXT_EXISTS)
+        );
+        // Missing and invalid names are simply absent; delete is idempotent.
+        let err = service.get("Not_A_Name", "o").await.unwrap_err();
+        assert_eq!((err.code(), err.message()), ("not_found", POOL_NOT_FOUND));
+        service.delete("p", "o").await.unwrap();
+    }
+}
