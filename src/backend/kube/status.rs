@@ -23,6 +23,9 @@ use super::objects::{
 /// Label the claim controller puts on the Sandbox it binds to a claim.
 const LABEL_CLAIM_UID: &str = "agents.x-k8s.io/claim-uid";
 
+/// Reason of a member (or workspace) that is being deleted.
+const TERMINATING: &str = "Terminating";
+
 /// Sandbox / claim `Ready` reasons after which the member will not become
 /// ready without intervention (agent-sandbox §1.3, §1.6; the Python SDK's
 /// terminal list plus the missing-reference and terminal-pod reasons).
@@ -89,7 +92,8 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
             .status
             .as_ref()
             .and_then(|status| condition(&status.conditions, "Ready"));
-        let ready = is_true(ready_condition);
+        let terminating = claim.metadata.deletion_timestamp.is_some();
+        let ready = is_true(ready_condition) && !terminating;
         let bound = claim
             .status
             .as_ref()
@@ -119,7 +123,9 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
                 ready,
             },
         };
-        if !ready {
+        if terminating {
+            problems.push(Problem::terminating(&claim.name_any()));
+        } else if !ready {
             problems.push(Problem::from_condition(&claim.name_any(), ready_condition));
         }
         members.push(member);
@@ -202,11 +208,14 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
             .map(|status| status.conditions.as_slice())
             .unwrap_or_default();
         let ready_condition = condition(conditions, "Ready");
-        let ready = is_true(ready_condition) && sandbox.metadata.deletion_timestamp.is_none();
+        let terminating = sandbox.metadata.deletion_timestamp.is_some();
+        let ready = is_true(ready_condition) && !terminating;
         let expected_pod = pod_name(sandbox);
         let pod = pods.get(&expected_pod).copied();
         let known_pod = sandbox.annotations().contains_key(ANN_POD_NAME) || pod.is_some();
-        if !ready {
+        if terminating {
+            problems.push(Problem::terminating(&sandbox.name_any()));
+        } else if !ready {
             let problem = pod
                 .and_then(|pod| Problem::from_pod(&sandbox.name_any(), pod))
                 .unwrap_or_else(|| {
@@ -221,6 +230,9 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
         });
     }
     for pvc in &pvcs {
+        if pvc.metadata.deletion_timestamp.is_some() {
+            problems.push(Problem::terminating(&pvc.name_any()));
+        }
         let lost = pvc
             .status
             .as_ref()
@@ -366,6 +378,15 @@ impl Problem {
         }
     }
 
+    /// The object is being deleted (a released pool on its way out).
+    fn terminating(object: &str) -> Self {
+        Self {
+            reason: TERMINATING.to_string(),
+            message: format!("{object}: being deleted"),
+            terminal: false,
+        }
+    }
+
     /// From a Sandbox's conditions: a failed scheduling explains a pending
     /// pod better than the generic `DependenciesNotReady`.
     fn from_sandbox(object: &str, conditions: &[Condition], ready: Option<&Condition>) -> Self {
@@ -430,15 +451,17 @@ fn finish(
 ) -> PoolStatus {
     let ready_replicas = members.iter().filter(|member| member.ready).count() as u32;
     let present = members.len() as u32;
+    let deleting = problems.iter().any(|p| p.reason == TERMINATING);
     let (phase, reason, message) = if let Some(problem) = problems.iter().find(|p| p.terminal) {
         (
             PoolPhase::Failed,
             Some(problem.reason.clone()),
             Some(problem.message.clone()),
         )
-    } else if present < replicas && !creating {
+    } else if present < replicas && !creating && !deleting {
         // A member was deleted behind our back (or its claim expired): it
-        // will not come back by itself.
+        // will not come back by itself. While a create or a delete runs,
+        // missing members are expected.
         (
             PoolPhase::Failed,
             Some("SandboxMissing".to_string()),
@@ -811,6 +834,43 @@ mod tests {
         assert_eq!(status.phase, PoolPhase::Failed);
         assert_eq!(status.reason.as_deref(), Some("SandboxMissing"));
         assert_eq!(status.message.as_deref(), Some("1 of 3 sandboxes exist"));
+    }
+
+    #[test]
+    fn terminating_members_are_not_ready() {
+        let mut claim = (*claim(
+            "claim-p-0",
+            "uid-0",
+            json!({"sandbox": {"name": "claim-p-0"}, "conditions": [ready()]}),
+        ))
+        .clone();
+        claim.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        let objects = PoolObjects {
+            claims: vec![Arc::new(claim)],
+            ..PoolObjects::default()
+        };
+        let status = pool_status("p", &objects, false).expect("pool");
+        assert_eq!(status.ready_replicas, 0);
+        // One of two claims left, on its way out: a release, not a failure.
+        assert_eq!(status.phase, PoolPhase::Provisioning);
+        assert_eq!(status.reason.as_deref(), Some("Terminating"));
+        assert!(!status.members[0].ready);
+
+        let mut sandbox = (*sandbox("sandbox-p-0", direct(1, "shared"), vec![ready()])).clone();
+        sandbox.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        let objects = PoolObjects {
+            sandboxes: vec![Arc::new(sandbox)],
+            ..PoolObjects::default()
+        };
+        let status = pool_status("p", &objects, false).expect("pool");
+        assert_eq!(status.phase, PoolPhase::Provisioning);
+        assert_eq!(status.reason.as_deref(), Some("Terminating"));
     }
 
     #[test]
