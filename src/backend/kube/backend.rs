@@ -45,6 +45,32 @@ pub enum KubeBackendError {
 /// then call [`KubeBackend::start_watchers`] once inside a Tokio runtime:
 /// pool reads (`get_pool`, `list_pools`, `wait_pool`) are answered from the
 /// watch caches and fail until they are started.
+///
+/// ```no_run
+/// # async fn demo() -> anyhow::Result<()> {
+/// use std::time::Duration;
+/// use context_service::backend::kube::{KubeBackend, KubeSettings};
+/// use context_service::backend::SandboxBackend;
+/// use context_service::pool::{PoolSpec, Strategy};
+///
+/// let client = kube::Client::try_default().await?; // KUBECONFIG or in-cluster
+/// let settings = KubeSettings::new("e2e-pools", "busybox:1.36");
+/// let backend = KubeBackend::new(client, settings)?;
+/// backend.start_watchers();
+/// backend.wait_synced(Duration::from_secs(30)).await?;
+/// let spec = PoolSpec {
+///     name: "review".into(),
+///     replicas: 2,
+///     strategy: Strategy::Shared { size: "1Gi".into(), storage_class: None },
+///     owner_scope: "0123456789abcdef0123456789abcdef".into(),
+/// };
+/// backend.create_pool(&spec).await?;
+/// let status = backend.wait_pool("review", Duration::from_secs(120)).await?;
+/// backend.delete_pool("review").await?;
+/// # let _ = status;
+/// # Ok(())
+/// # }
+/// ```
 pub struct KubeBackend {
     client: Client,
     settings: Arc<KubeSettings>,
