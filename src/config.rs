@@ -87,6 +87,15 @@ pub struct ServeConfig {
     /// a caller that never releases its pool cannot leak claims forever.
     #[arg(long, env = "CS_CLAIM_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub claim_ttl: std::time::Duration,
+
+    /// Image of the sandbox container of direct pools (`kube` backend;
+    /// required there).
+    #[arg(long, env = "CS_SANDBOX_IMAGE")]
+    pub kube_sandbox_image: Option<String>,
+
+    /// `serviceAccountName` of sandbox pods of direct pools (`kube` backend).
+    #[arg(long, env = "CS_SANDBOX_SERVICE_ACCOUNT")]
+    pub kube_sandbox_service_account: Option<String>,
 }
 
 impl ServeConfig {

@@ -716,3 +716,51 @@ async fn unknown_paths_and_methods() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn concurrent_creates_of_one_name_give_one_pool() {
+    let server = server().await;
+    let token = server.user_token("alice");
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let http = server.http();
+        let url = server.url("/v1/sandbox-pools");
+        let token = token.clone();
+        // Mixed strategies, all under one name.
+        let body = if i % 2 == 0 {
+            json!({"name": "race", "replicas": 3, "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}})
+        } else {
+            json!({"name": "race", "replicas": 3, "warmPoolRef": "research-agents"})
+        };
+        tasks.push(tokio::spawn(async move {
+            let resp = http
+                .post(url)
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }));
+    }
+    let mut created = 0;
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        match status {
+            201 => created += 1,
+            409 => assert!(body.contains("sandbox pool already exists"), "{body}"),
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!(created, 1);
+    let resp = server
+        .http()
+        .get(server.url("/v1/sandbox-pools"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let list = json_of(resp, 200).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    assert_eq!(list["items"][0]["readyReplicas"], 3);
+}

@@ -882,9 +882,11 @@ impl Inner {
         let _guard = self.guard();
         let claim = names::context_claim(&spec.name);
         let dir = self.volume_dir(&spec.namespace, &claim);
-        if dir.exists() {
+        if self.read_volume(&spec.namespace, &claim)?.is_some() {
             return Err(BackendError::AlreadyExists);
         }
+        // A directory without metadata is a volume a crash left half-made.
+        remove_dir(&dir).map_err(internal(format!("clean up half-made volume {claim}")))?;
         let meta = VolumeMeta {
             meta: ObjectMeta {
                 name: claim.clone(),
@@ -1379,5 +1381,30 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(status.phase, PoolPhase::Ready);
+    }
+
+    #[tokio::test]
+    async fn a_half_made_context_volume_does_not_block_creation() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = open(dir.path());
+        fs::create_dir_all(backend.inner.volume_dir("team", "context-notes")).unwrap();
+        let ctx = ContextSpec {
+            name: "notes".into(),
+            namespace: "team".into(),
+            context_type: ContextType::Memory,
+            size: "1Gi".into(),
+            access_mode: AccessMode::ReadWriteOnce,
+            storage_class: None,
+            owner_scope: "owner-a".into(),
+        };
+        assert!(backend
+            .get_context("team", "notes")
+            .await
+            .unwrap()
+            .is_none());
+        let status = backend.create_context(&ctx).await.unwrap();
+        assert_eq!(status.claim_name, "context-notes");
+        let err = backend.create_context(&ctx).await.unwrap_err();
+        assert!(matches!(err, BackendError::AlreadyExists), "{err}");
     }
 }

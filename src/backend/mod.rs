@@ -6,6 +6,7 @@
 //! beyond recording and reporting [`PoolSpec::owner_scope`]; the pool
 //! service filters and hides other owners' objects.
 
+pub mod kube;
 pub mod local;
 
 use std::sync::Arc;
@@ -114,8 +115,11 @@ pub async fn from_config(config: &ServeConfig) -> anyhow::Result<Arc<dyn Sandbox
         BackendKind::Local => Ok(Arc::new(local::LocalBackend::open(
             local::LocalSettings::from_config(config),
         )?)),
-        // The kube backend lives on the `kube` branch; merging it replaces
-        // this arm with its constructor.
-        BackendKind::Kube => anyhow::bail!("the kube backend is not built into this binary"),
+        BackendKind::Kube => {
+            let backend =
+                kube::KubeBackend::try_default(kube::KubeSettings::from_config(config)).await?;
+            backend.start_watchers();
+            Ok(Arc::new(backend))
+        }
     }
 }

@@ -285,4 +285,38 @@ mod tests {
             }
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn every_label_shaped_name_up_to_50_is_accepted(
+            name in "[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?"
+        ) {
+            proptest::prop_assert!(is_pool_name(&name));
+            proptest::prop_assert!(is_dns1123_subdomain(&name));
+        }
+
+        #[test]
+        fn names_with_other_characters_are_rejected(
+            head in "[a-z0-9]{0,10}",
+            bad in "[^a-z0-9-]",
+            tail in "[a-z0-9]{0,10}",
+        ) {
+            let name = format!("{head}{bad}{tail}");
+            proptest::prop_assert!(!is_pool_name(&name));
+        }
+
+        #[test]
+        fn valid_requests_always_give_a_spec(
+            replicas in 1i64..=100,
+            shared in proptest::bool::ANY,
+            size in "[1-9][0-9]{0,3}(Ki|Mi|Gi|Ti|m|k|M|G)?",
+        ) {
+            let mode = if shared { "ReadWriteMany" } else { "ReadWriteOnce" };
+            let mut req = managed(&size, mode);
+            req.replicas = replicas;
+            let spec = pool(&req, "o").unwrap();
+            proptest::prop_assert_eq!(i64::from(spec.replicas), replicas);
+            proptest::prop_assert_eq!(spec.strategy.kind(), if shared { "shared" } else { "dedicated" });
+        }
+    }
 }
