@@ -96,6 +96,13 @@ pub struct ServeConfig {
     /// `serviceAccountName` of sandbox pods of direct pools (`kube` backend).
     #[arg(long, env = "CS_SANDBOX_SERVICE_ACCOUNT")]
     pub kube_sandbox_service_account: Option<String>,
+
+    /// Label claimed warm-pool pods with the pool label through the claim's
+    /// `additionalPodMetadata` (`kube` backend). The agent-sandbox
+    /// controller accepts it only with `context.rossoctl.io` in its allowed
+    /// label domains; `false` for a stock controller.
+    #[arg(long, env = "CS_CLAIM_POD_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub kube_claim_pod_label: bool,
 }
 
 impl ServeConfig {

@@ -764,3 +764,15 @@ async fn concurrent_creates_of_one_name_give_one_pool() {
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
     assert_eq!(list["items"][0]["readyReplicas"], 3);
 }
+
+#[tokio::test]
+async fn malformed_paths_and_queries_answer_json() {
+    let server = server().await;
+    let alice = Caller::new(&server, "alice");
+    let resp = alice.get("/v1/sandbox-pools/%FF").await;
+    assert_error(resp, 400, "invalid_request", "").await;
+    let resp = alice.get("/v1/sandbox-pools/x?wait=ready&wait=ready").await;
+    assert_error(resp, 400, "invalid_request", "").await;
+    let resp = alice.get("/v1/sandbox-pools/x?timeout=5s").await;
+    assert_error(resp, 400, "invalid_request", "timeout requires wait=ready").await;
+}

@@ -2,13 +2,14 @@
 //! `/v1/namespaces/{namespace}/contexts[/{name}]`.
 
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 
-use super::json::{self, Fields};
+use super::json::{self, path_param, Fields};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::error::ApiResult;
@@ -41,9 +42,10 @@ async fn create(
 async fn list(
     State(state): State<AppState>,
     principal: Principal,
-    Path(namespace): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     principal.require(Scope::ContextsRead)?;
+    let namespace = path_param(path)?;
     let owner = state.owner_scope.of(principal.subject());
     let items = state.pools.list_contexts(&namespace, &owner).await?;
     let list = ContextList {
@@ -55,9 +57,10 @@ async fn list(
 async fn read(
     State(state): State<AppState>,
     principal: Principal,
-    Path((namespace, name)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> ApiResult<Response> {
     principal.require(Scope::ContextsRead)?;
+    let (namespace, name) = path_param(path)?;
     let owner = state.owner_scope.of(principal.subject());
     let status = state.pools.get_context(&namespace, &name, &owner).await?;
     Ok(json::respond(StatusCode::OK, &Context::from(&status)))
@@ -66,9 +69,10 @@ async fn read(
 async fn remove(
     State(state): State<AppState>,
     principal: Principal,
-    Path((namespace, name)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::ContextsWrite)?;
+    let (namespace, name) = path_param(path)?;
     let owner = state.owner_scope.of(principal.subject());
     state
         .pools

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -11,7 +12,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde::Deserialize;
 
-use super::json::{self, Fields};
+use super::json::{self, path_param, Fields};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
@@ -52,10 +53,12 @@ struct ReadQuery {
 async fn read(
     State(state): State<AppState>,
     principal: Principal,
-    Path(name): Path<String>,
-    Query(query): Query<ReadQuery>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     principal.require(Scope::PoolsRead)?;
+    let name = path_param(path)?;
+    let Query(query) = query.map_err(|e| ApiError::invalid_request(e.body_text()))?;
     let owner = state.owner_scope.of(principal.subject());
     let status = match parse_wait(&query)? {
         Some(timeout) => state.pools.wait(&name, &owner, timeout).await?,
@@ -95,9 +98,10 @@ async fn list(State(state): State<AppState>, principal: Principal) -> ApiResult<
 async fn remove(
     State(state): State<AppState>,
     principal: Principal,
-    Path(name): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::PoolsWrite)?;
+    let name = path_param(path)?;
     let owner = state.owner_scope.of(principal.subject());
     state.pools.delete(&name, &owner).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -17,15 +17,19 @@
 //! This backend is for development, tests and benchmarks. It is **not** a
 //! security boundary: read-only mounts are advisory.
 //!
-//! Every mutation holds one lock and runs on the blocking pool. A pool record
-//! is written in state `creating` before any object and `created` after the
-//! last; records left `creating` by a crash are rolled back on open.
+//! Mutations run on the blocking pool. A short lock checks conflicts and
+//! reserves every name a mutation will touch, so creations of different
+//! pools run concurrently, and one pool's objects are made by several
+//! threads. A pool record is written in state `creating` before any object
+//! and `created` after the last (and after the directories are synced);
+//! records left `creating` by a crash are rolled back on open.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -82,15 +86,93 @@ struct Inner {
     root: PathBuf,
     namespace: String,
     warm_pools: BTreeSet<String>,
-    /// Serialises every mutation, so conflict checks and creation are atomic.
-    lock: Mutex<()>,
+    /// Held briefly: conflict checks and reservations of names in flight.
+    lock: Mutex<Reservations>,
     /// Bumped after every mutation; waiters re-read the pool.
     changes: watch::Sender<u64>,
-    /// Test hook: fail the object creation with this index (0-based, counted
-    /// over one create call).
+    /// Test hook: fail the creation of the object with this name.
     #[cfg(test)]
-    fail_at: Mutex<Option<usize>>,
+    fail_on: Mutex<Option<String>>,
 }
+
+/// Names claimed by mutations in flight, so that they run without a lock.
+#[derive(Debug, Default)]
+struct Reservations {
+    /// Pools being created or deleted.
+    pools: HashSet<String>,
+    /// Objects being created ([`volume_key`], [`sandbox_key`], [`claim_key`]).
+    objects: HashSet<String>,
+}
+
+/// Releases its reservations when dropped, on every path out.
+struct Reserved<'a> {
+    inner: &'a Inner,
+    pool: Option<String>,
+    objects: Vec<String>,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        let mut reservations = self.inner.reservations();
+        if let Some(pool) = &self.pool {
+            reservations.pools.remove(pool);
+        }
+        for object in &self.objects {
+            reservations.objects.remove(object);
+        }
+    }
+}
+
+fn volume_key(ns: &str, name: &str) -> String {
+    format!("volume/{ns}/{name}")
+}
+
+fn sandbox_key(name: &str) -> String {
+    format!("sandbox/{name}")
+}
+
+fn claim_key(name: &str) -> String {
+    format!("claim/{name}")
+}
+
+/// Runs `work` over `items` on up to [`WORKERS`] threads (the file system
+/// overlaps their fsyncs); stops at the first error and returns it.
+fn parallel<T: Sync>(
+    items: &[T],
+    work: impl Fn(usize, &T) -> Result<(), BackendError> + Sync,
+) -> Result<(), BackendError> {
+    if items.len() <= 1 {
+        return items.iter().enumerate().try_for_each(|(i, t)| work(i, t));
+    }
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let failure = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..WORKERS.min(items.len()) {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(index) else { break };
+                    if let Err(e) = work(index, item) {
+                        stop.store(true, Ordering::Relaxed);
+                        failure
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .get_or_insert(e);
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    match failure.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Threads that create the objects of one pool.
+const WORKERS: usize = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -155,6 +237,8 @@ struct Plan {
     volumes: Vec<String>,
     sandboxes: Vec<String>,
     claims: Vec<String>,
+    /// The sandboxes the claims adopt (chosen at creation only).
+    warm_sandboxes: Vec<String>,
 }
 
 impl Plan {
@@ -168,12 +252,12 @@ impl Plan {
                     .map(|i| names::dedicated_workspace(name, i))
                     .collect(),
                 sandboxes: sandboxes(),
-                claims: Vec::new(),
+                ..Plan::default()
             },
             Strategy::Shared { .. } => Plan {
                 volumes: vec![names::shared_workspace(name)],
                 sandboxes: sandboxes(),
-                claims: Vec::new(),
+                ..Plan::default()
             },
             Strategy::Existing { .. } => Plan {
                 sandboxes: sandboxes(),
@@ -184,6 +268,18 @@ impl Plan {
                 ..Plan::default()
             },
         }
+    }
+
+    /// Reservation keys of every object the plan creates.
+    fn keys(&self, ns: &str) -> Vec<String> {
+        let volumes = self.volumes.iter().map(|v| volume_key(ns, v));
+        let sandboxes = self
+            .sandboxes
+            .iter()
+            .chain(&self.warm_sandboxes)
+            .map(|s| sandbox_key(s));
+        let claims = self.claims.iter().map(|c| claim_key(c));
+        volumes.chain(sandboxes).chain(claims).collect()
     }
 
     /// The volume sandbox `index` mounts.
@@ -203,7 +299,6 @@ struct Created {
     volumes: Vec<String>,
     sandboxes: Vec<String>,
     claims: Vec<String>,
-    steps: usize,
 }
 
 fn internal(context: impl Into<String>) -> impl FnOnce(io::Error) -> BackendError {
@@ -235,10 +330,10 @@ impl LocalBackend {
                 root: settings.root,
                 namespace: settings.namespace,
                 warm_pools: settings.warm_pools.into_iter().collect(),
-                lock: Mutex::new(()),
+                lock: Mutex::new(Reservations::default()),
                 changes,
                 #[cfg(test)]
-                fail_at: Mutex::new(None),
+                fail_on: Mutex::new(None),
             }),
         };
         backend
@@ -259,9 +354,9 @@ impl LocalBackend {
     }
 
     #[cfg(test)]
-    fn fail_at(&self, step: Option<usize>) {
-        if let Ok(mut f) = self.inner.fail_at.lock() {
-            *f = step;
+    fn fail_on(&self, object: Option<&str>) {
+        if let Ok(mut f) = self.inner.fail_on.lock() {
+            *f = object.map(str::to_owned);
         }
     }
 
@@ -312,10 +407,10 @@ impl Inner {
         self.changes.send_modify(|v| *v = v.wrapping_add(1));
     }
 
-    fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
-        // A panic while holding the lock leaves files, not memory, in an
-        // unknown state; the record protocol copes, so carry on.
-        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    fn reservations(&self) -> std::sync::MutexGuard<'_, Reservations> {
+        // The reservations stay consistent even if a holder panicked: every
+        // change is a single insert or remove.
+        self.lock.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn read_record(&self, pool: &str) -> Result<Option<PoolRecord>, BackendError> {
@@ -343,8 +438,8 @@ impl Inner {
         read_json(&self.claim_path(name)).map_err(internal(format!("read sandbox claim {name}")))
     }
 
+    /// Runs at open, before any request.
     fn recover(&self) -> Result<(), BackendError> {
-        let _guard = self.guard();
         for pool in self.record_names()? {
             if let Some(record) = self.read_record(&pool)? {
                 if record.state == RecordState::Creating {
@@ -393,7 +488,40 @@ impl Inner {
     }
 
     fn create_pool(&self, spec: &PoolSpec) -> Result<PoolStatus, BackendError> {
-        let _guard = self.guard();
+        let (plan, _reserved) = self.reserve_for_create(spec)?;
+        self.write_record(&PoolRecord {
+            spec: spec.clone(),
+            state: RecordState::Creating,
+        })?;
+        self.notify();
+        let created = Mutex::new(Created::default());
+        let result = self
+            .create_objects(spec, &plan, &created)
+            .and_then(|()| self.sync_object_dirs())
+            .and_then(|()| {
+                self.write_record(&PoolRecord {
+                    spec: spec.clone(),
+                    state: RecordState::Created,
+                })
+            });
+        if let Err(err) = result {
+            let created = created.into_inner().unwrap_or_else(PoisonError::into_inner);
+            self.rollback(spec, &created);
+            self.notify();
+            return Err(err);
+        }
+        self.notify();
+        self.status(&PoolRecord {
+            spec: spec.clone(),
+            state: RecordState::Created,
+        })
+    }
+
+    /// Under the short lock: checks the strategy's references and conflicts,
+    /// then reserves the pool name and every object name of the plan, so
+    /// creation itself runs without the lock.
+    fn reserve_for_create(&self, spec: &PoolSpec) -> Result<(Plan, Reserved<'_>), BackendError> {
+        let mut reservations = self.reservations();
         // Upstream checks the claim or warm pool before creating anything.
         match &spec.strategy {
             Strategy::Existing { claim_name, .. } => {
@@ -418,41 +546,56 @@ impl Inner {
             }
             Strategy::Dedicated { .. } | Strategy::Shared { .. } => {}
         }
-        let plan = Plan::of(spec);
-        if self.conflicts(spec, &plan)? {
+        let mut plan = Plan::of(spec);
+        if reservations.pools.contains(&spec.name) || self.conflicts(spec, &plan, &reservations) {
             return Err(BackendError::AlreadyExists);
         }
-        self.write_record(&PoolRecord {
-            spec: spec.clone(),
-            state: RecordState::Creating,
-        })?;
-        self.notify();
-        let mut created = Created::default();
-        if let Err(err) = self.create_objects(spec, &plan, &mut created) {
-            self.rollback(spec, &created);
-            self.notify();
-            return Err(err);
+        if let Strategy::Warm { pool } = &spec.strategy {
+            for _ in 0..spec.replicas {
+                let name = self.fresh_warm_sandbox_name(pool, &reservations, &plan);
+                plan.warm_sandboxes.push(name);
+            }
         }
-        let finished = self.write_record(&PoolRecord {
-            spec: spec.clone(),
-            state: RecordState::Created,
-        });
-        if let Err(err) = finished {
-            self.rollback(spec, &created);
-            self.notify();
-            return Err(err);
-        }
-        self.notify();
-        self.status(&PoolRecord {
-            spec: spec.clone(),
-            state: RecordState::Created,
-        })
+        let keys = plan.keys(&self.namespace);
+        reservations.pools.insert(spec.name.clone());
+        reservations.objects.extend(keys.iter().cloned());
+        Ok((
+            plan,
+            Reserved {
+                inner: self,
+                pool: Some(spec.name.clone()),
+                objects: keys,
+            },
+        ))
     }
 
-    /// Whether the pool name, or any object the plan would create, is taken.
-    fn conflicts(&self, spec: &PoolSpec, plan: &Plan) -> Result<bool, BackendError> {
+    /// Reserves pool `name` for a deletion, waiting while it is being
+    /// created or deleted.
+    fn reserve_pool(&self, name: &str) -> Reserved<'_> {
+        loop {
+            if self.reservations().pools.insert(name.to_owned()) {
+                return Reserved {
+                    inner: self,
+                    pool: Some(name.to_owned()),
+                    objects: Vec::new(),
+                };
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Whether the pool name, or any object the plan would create, is taken
+    /// (on disk or by a creation in flight).
+    fn conflicts(&self, spec: &PoolSpec, plan: &Plan, reservations: &Reservations) -> bool {
         if self.record_path(&spec.name).exists() {
-            return Ok(true);
+            return true;
+        }
+        if plan
+            .keys(&self.namespace)
+            .iter()
+            .any(|k| reservations.objects.contains(k))
+        {
+            return true;
         }
         // Index 0 of every strategy catches a pool of another strategy
         // under the same name; the full plan catches any other collision.
@@ -461,36 +604,48 @@ impl Inner {
             names::shared_workspace(name),
             names::dedicated_workspace(name, 0),
         ];
-        let mut taken = plan
-            .volumes
+        plan.volumes
             .iter()
             .chain(&volumes)
-            .any(|v| self.volume_dir(&self.namespace, v).exists());
-        taken |= plan
-            .sandboxes
-            .iter()
-            .chain([&names::sandbox(name, 0)])
-            .any(|s| self.sandbox_dir(s).exists());
-        taken |= plan
-            .claims
-            .iter()
-            .chain([&names::claim(name, 0)])
-            .any(|c| self.claim_path(c).exists());
-        Ok(taken)
+            .any(|v| self.volume_dir(&self.namespace, v).exists())
+            || plan
+                .sandboxes
+                .iter()
+                .chain([&names::sandbox(name, 0)])
+                .any(|s| self.sandbox_dir(s).exists())
+            || plan
+                .claims
+                .iter()
+                .chain([&names::claim(name, 0)])
+                .any(|c| self.claim_path(c).exists())
     }
 
-    fn step(&self, created: &mut Created, what: &str) -> Result<(), BackendError> {
+    /// Test hook: fails the creation of the object named in `fail_on`.
+    fn fault(&self, object: &str, what: &str) -> Result<(), BackendError> {
         #[cfg(test)]
-        if let Ok(f) = self.fail_at.lock() {
-            if *f == Some(created.steps) {
+        if let Ok(f) = self.fail_on.lock() {
+            if f.as_deref() == Some(object) {
                 return Err(BackendError::internal(
                     what.to_owned(),
                     io::Error::other("injected failure"),
                 ));
             }
         }
-        let _ = what;
-        created.steps += 1;
+        let _ = (object, what);
+        Ok(())
+    }
+
+    /// Makes the new entries of the object directories durable before the
+    /// record says `created`.
+    fn sync_object_dirs(&self) -> Result<(), BackendError> {
+        let ns = self.ns_dir(&self.namespace);
+        for dir in ["volumes", "sandboxes", "claims"] {
+            match fsutil::sync_dir(&ns.join(dir)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(BackendError::internal(format!("sync {dir}"), e)),
+            }
+        }
         Ok(())
     }
 
@@ -498,12 +653,15 @@ impl Inner {
         &self,
         spec: &PoolSpec,
         plan: &Plan,
-        created: &mut Created,
+        created: &Mutex<Created>,
     ) -> Result<(), BackendError> {
         let labels = self.labels(spec);
-        for volume in &plan.volumes {
+        let record = |f: &dyn Fn(&mut Created)| {
+            f(&mut created.lock().unwrap_or_else(PoisonError::into_inner));
+        };
+        parallel(&plan.volumes, |_, volume| {
             let what = format!("create workspace PVC {volume}");
-            self.step(created, &what)?;
+            self.fault(volume, &what)?;
             let (size, access_mode, storage_class) = match &spec.strategy {
                 Strategy::Dedicated {
                     size,
@@ -513,7 +671,7 @@ impl Inner {
                     size,
                     storage_class,
                 } => (size, AccessMode::ReadWriteMany, storage_class),
-                _ => continue,
+                _ => return Ok(()),
             };
             let mut volume_labels = labels.clone();
             volume_labels.insert(names::REPLICAS_KEY.to_owned(), spec.replicas.to_string());
@@ -529,10 +687,10 @@ impl Inner {
             };
             let dir = self.volume_dir(&self.namespace, volume);
             create_new_dir(&dir).map_err(internal(what.clone()))?;
-            created.volumes.push(volume.clone());
+            record(&|c| c.volumes.push(volume.clone()));
             fsutil::ensure_dir(&dir.join("data"), 0o755).map_err(internal(what.clone()))?;
-            write_json(&dir.join(VOLUME_FILE), &meta).map_err(internal(what))?;
-        }
+            write_json(&dir.join(VOLUME_FILE), &meta).map_err(internal(what))
+        })?;
         let read_only = matches!(
             spec.strategy,
             Strategy::Existing {
@@ -540,9 +698,9 @@ impl Inner {
                 ..
             }
         );
-        for (index, sandbox) in plan.sandboxes.iter().enumerate() {
+        parallel(&plan.sandboxes, |index, sandbox| {
             let what = format!("create sandbox {index}");
-            self.step(created, &what)?;
+            self.fault(sandbox, &what)?;
             let volume = plan.volume_for(spec, index);
             let mut annotations = BTreeMap::from([
                 (
@@ -567,16 +725,17 @@ impl Inner {
                 read_only,
                 warm_pool: None,
             };
-            self.make_sandbox(&meta).map_err(internal(what))?;
-            created.sandboxes.push(sandbox.clone());
-        }
+            // Recorded first: a failure half-way leaves a directory to remove.
+            record(&|c| c.sandboxes.push(sandbox.clone()));
+            self.make_sandbox(&meta).map_err(internal(what))
+        })?;
         if let Strategy::Warm { pool } = &spec.strategy {
-            for (index, claim) in plan.claims.iter().enumerate() {
+            parallel(&plan.claims, |index, claim| {
                 let what = format!("create sandbox claim {index}");
-                self.step(created, &what)?;
-                // The claim adopts a sandbox of the warm pool, which upstream
-                // names `<pool>-<random>`.
-                let sandbox = self.fresh_warm_sandbox_name(pool);
+                self.fault(claim, &what)?;
+                let sandbox = plan.warm_sandboxes.get(index).cloned().ok_or_else(|| {
+                    BackendError::internal(what.clone(), io::Error::other("no sandbox planned"))
+                })?;
                 let meta = SandboxMeta {
                     meta: ObjectMeta {
                         name: sandbox.clone(),
@@ -601,14 +760,21 @@ impl Inner {
                 };
                 // The claim first, so a rollback always finds the sandbox.
                 write_json(&self.claim_path(claim), &claim_meta).map_err(internal(what.clone()))?;
-                created.claims.push(claim.clone());
-                self.make_sandbox(&meta).map_err(internal(what))?;
-            }
+                record(&|c| c.claims.push(claim.clone()));
+                self.make_sandbox(&meta).map_err(internal(what))
+            })?;
         }
         Ok(())
     }
 
-    fn fresh_warm_sandbox_name(&self, pool: &str) -> String {
+    /// A name for a sandbox adopted from warm pool `pool`, which upstream
+    /// names `<pool>-<random>`; unused on disk and by creations in flight.
+    fn fresh_warm_sandbox_name(
+        &self,
+        pool: &str,
+        reservations: &Reservations,
+        plan: &Plan,
+    ) -> String {
         use rand::Rng as _;
         const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
         let mut rng = rand::rng();
@@ -617,7 +783,10 @@ impl Inner {
                 .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
                 .collect();
             let name = format!("{pool}-{suffix}");
-            if !self.sandbox_dir(&name).exists() {
+            if !self.sandbox_dir(&name).exists()
+                && !reservations.objects.contains(&sandbox_key(&name))
+                && !plan.warm_sandboxes.contains(&name)
+            {
                 return name;
             }
         }
@@ -666,11 +835,13 @@ impl Inner {
             if !meta.meta.belongs_to(pool) {
                 return Ok(());
             }
-            if let Some(sandbox) = self.read_sandbox(&meta.sandbox)? {
-                if sandbox.meta.belongs_to(pool) {
-                    remove_dir(&self.sandbox_dir(&meta.sandbox))
-                        .map_err(internal(format!("delete sandbox {}", meta.sandbox)))?;
-                }
+            // A sandbox without metadata is one this claim was making.
+            let ours = self
+                .read_sandbox(&meta.sandbox)?
+                .is_none_or(|sandbox| sandbox.meta.belongs_to(pool));
+            if ours {
+                remove_dir(&self.sandbox_dir(&meta.sandbox))
+                    .map_err(internal(format!("delete sandbox {}", meta.sandbox)))?;
             }
             remove_file(&self.claim_path(claim))
                 .map_err(internal(format!("delete sandbox claim {claim}")))?;
@@ -710,7 +881,8 @@ impl Inner {
     }
 
     fn delete_pool(&self, name: &str) -> Result<bool, BackendError> {
-        let _guard = self.guard();
+        // Waits for a creation of the same name in flight to finish.
+        let _reserved = self.reserve_pool(name);
         let Some(record) = self.read_record(name)? else {
             return Ok(false);
         };
@@ -879,12 +1051,23 @@ impl Inner {
     }
 
     fn create_context(&self, spec: &ContextSpec) -> Result<ContextStatus, BackendError> {
-        let _guard = self.guard();
         let claim = names::context_claim(&spec.name);
         let dir = self.volume_dir(&spec.namespace, &claim);
-        if self.read_volume(&spec.namespace, &claim)?.is_some() {
-            return Err(BackendError::AlreadyExists);
-        }
+        let key = volume_key(&spec.namespace, &claim);
+        let _reserved = {
+            let mut reservations = self.reservations();
+            if reservations.objects.contains(&key)
+                || self.read_volume(&spec.namespace, &claim)?.is_some()
+            {
+                return Err(BackendError::AlreadyExists);
+            }
+            reservations.objects.insert(key.clone());
+            Reserved {
+                inner: self,
+                pool: None,
+                objects: vec![key],
+            }
+        };
         // A directory without metadata is a volume a crash left half-made.
         remove_dir(&dir).map_err(internal(format!("clean up half-made volume {claim}")))?;
         let meta = VolumeMeta {
@@ -953,7 +1136,19 @@ impl Inner {
     }
 
     fn delete_context(&self, ns: &str, name: &str) -> Result<bool, BackendError> {
-        let _guard = self.guard();
+        let key = volume_key(ns, &names::context_claim(name));
+        let _reserved = loop {
+            let mut reservations = self.reservations();
+            if reservations.objects.insert(key.clone()) {
+                break Reserved {
+                    inner: self,
+                    pool: None,
+                    objects: vec![key],
+                };
+            }
+            drop(reservations);
+            std::thread::sleep(Duration::from_millis(5));
+        };
         if self.get_context(ns, name)?.is_none() {
             return Ok(false);
         }
@@ -1171,8 +1366,7 @@ mod tests {
     async fn failure_half_way_rolls_back_everything() {
         let dir = tempfile::tempdir().unwrap();
         let backend = open(dir.path());
-        // Steps: 3 volumes, then sandboxes; fail at the second sandbox.
-        backend.fail_at(Some(4));
+        backend.fail_on(Some("sandbox-p-1"));
         let err = backend
             .create_pool(&spec("p", 3, dedicated()))
             .await
@@ -1181,7 +1375,7 @@ mod tests {
         assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
         assert!(backend.get_pool("p").await.unwrap().is_none());
         // The name is free again.
-        backend.fail_at(None);
+        backend.fail_on(None);
         let status = backend
             .create_pool(&spec("p", 3, dedicated()))
             .await
@@ -1194,7 +1388,7 @@ mod tests {
     async fn warm_claim_failure_rolls_back_adopted_sandboxes() {
         let dir = tempfile::tempdir().unwrap();
         let backend = open(dir.path());
-        backend.fail_at(Some(2));
+        backend.fail_on(Some("claim-w-2"));
         let warm = Strategy::Warm {
             pool: "agents".into(),
         };
@@ -1406,5 +1600,46 @@ mod tests {
         assert_eq!(status.claim_name, "context-notes");
         let err = backend.create_context(&ctx).await.unwrap_err();
         assert!(matches!(err, BackendError::AlreadyExists), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_creates_and_deletes_of_many_pools() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = open(dir.path());
+        let mut tasks = Vec::new();
+        for i in 0..12 {
+            let backend = backend.clone();
+            let strategy = match i % 3 {
+                0 => dedicated(),
+                1 => Strategy::Shared {
+                    size: "1Gi".into(),
+                    storage_class: None,
+                },
+                _ => Strategy::Warm {
+                    pool: "agents".into(),
+                },
+            };
+            tasks.push(tokio::spawn(async move {
+                backend
+                    .create_pool(&spec(&format!("p{i}"), 5, strategy))
+                    .await
+            }));
+        }
+        for t in tasks {
+            let status = t.await.unwrap().unwrap();
+            assert_eq!((status.phase, status.ready_replicas), (PoolPhase::Ready, 5));
+        }
+        assert_eq!(backend.list_pools().await.unwrap().len(), 12);
+        let mut tasks = Vec::new();
+        for i in 0..12 {
+            let backend = backend.clone();
+            tasks.push(tokio::spawn(async move {
+                backend.delete_pool(&format!("p{i}")).await
+            }));
+        }
+        for t in tasks {
+            assert!(t.await.unwrap().unwrap());
+        }
+        assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
     }
 }

@@ -347,7 +347,7 @@ pub fn sandbox_claim(
             }),
             // Only the pool label, as upstream: it is what the harness's
             // selector matches on the claimed pod.
-            additional_pod_metadata: Some(PodMetadata {
+            additional_pod_metadata: settings.claim_pod_label.then(|| PodMetadata {
                 labels: BTreeMap::from([(LABEL_POOL.to_string(), pool.name.to_string())]),
                 annotations: BTreeMap::new(),
             }),
@@ -656,6 +656,21 @@ mod tests {
                 "lifecycle": {"shutdownTime": "2026-11-29T17:00:00Z", "shutdownPolicy": "Delete"},
                 "additionalPodMetadata": {"labels": {"context.rossoctl.io/pool": "fast-run"}},
             })
+        );
+    }
+
+    #[test]
+    fn claim_pod_label_can_be_turned_off_for_a_stock_controller() {
+        let mut settings = settings();
+        settings.claim_pod_label = false;
+        let pool = meta("fast", 1, StrategyKind::Warm);
+        let claim = sandbox_claim(&settings, &pool, 0, "agents", Timestamp::now());
+        assert_eq!(claim.spec.additional_pod_metadata, None);
+        assert_eq!(
+            kube::ResourceExt::labels(&claim)
+                .get(LABEL_POOL)
+                .map(String::as_str),
+            Some("fast")
         );
     }
 

@@ -34,6 +34,13 @@ pub struct KubeSettings {
     /// time plus this, with policy `Delete`, so a crashed caller cannot leak
     /// warm sandboxes forever.
     pub claim_ttl: Duration,
+    /// Put the pool label on claimed pods through the claim's
+    /// `additionalPodMetadata` (upstream behaviour; the pool's selector then
+    /// matches warm pods too). The agent-sandbox controller (v0.5+) accepts
+    /// it only if `context.rossoctl.io` is in its allowed label domains, and
+    /// otherwise fails the claims with `InvalidMetadata`; turn it off for a
+    /// stock controller, at the price of a selector that matches no warm pod.
+    pub claim_pod_label: bool,
     /// How long a create waits for the watch caches to observe the objects it
     /// made, so that an immediate `get` does not answer "not found".
     pub cache_sync_timeout: Duration,
@@ -59,6 +66,7 @@ impl KubeSettings {
             sandbox_memory_request: "64Mi".to_string(),
             sandbox_memory_limit: "256Mi".to_string(),
             claim_ttl: Duration::from_secs(24 * 60 * 60),
+            claim_pod_label: true,
             cache_sync_timeout: Duration::from_secs(5),
             initial_sync_timeout: Duration::from_secs(30),
         }
@@ -66,7 +74,8 @@ impl KubeSettings {
 
     /// The settings `context-service serve` was given (`--namespace`,
     /// `--kube-sandbox-image`, `--kube-sandbox-service-account`,
-    /// `--claim-ttl`); everything else keeps its default.
+    /// `--claim-ttl`, `--kube-claim-pod-label`); everything else keeps its
+    /// default.
     pub fn from_config(config: &ServeConfig) -> Self {
         let mut settings = Self::new(
             config.namespace.clone(),
@@ -77,6 +86,7 @@ impl KubeSettings {
             .clone()
             .filter(|account| !account.is_empty());
         settings.claim_ttl = config.claim_ttl;
+        settings.claim_pod_label = config.kube_claim_pod_label;
         settings
     }
 }

@@ -1130,3 +1130,42 @@ async fn named_contexts_are_pvcs_in_the_requested_namespace() {
         .await
         .expect("again"));
 }
+
+#[tokio::test]
+async fn a_failed_claim_deletes_the_claims_made_before_it() {
+    let fake = FakeApi::default();
+    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
+    fake.fail(Method::POST, CLAIMS, "claim-fast-2", 503);
+    let backend = fake.backend();
+    let warm = Strategy::Warm {
+        pool: "agents".to_string(),
+    };
+    let error = backend
+        .create_pool(&spec("fast", 3, warm))
+        .await
+        .expect_err("claim 2 fails");
+    assert_eq!(internal_context(error), "create sandbox claim 2");
+    let lines = fake.lines();
+    assert_eq!(
+        lines[lines.len() - 3..],
+        [
+            "POST sandboxclaims/claim-fast-2",
+            "DELETE sandboxclaims/claim-fast-1",
+            "DELETE sandboxclaims/claim-fast-0",
+        ]
+    );
+    assert!(fake.names(CLAIMS).is_empty());
+    assert_eq!(fake.names(WARM_POOLS), ["agents"]);
+}
+
+#[tokio::test]
+async fn settings_without_an_image_are_refused() {
+    let fake = FakeApi::default();
+    let mut settings = settings();
+    settings.sandbox_image = " ".to_string();
+    let error = KubeBackend::new(fake.client(), settings).expect_err("no image");
+    assert_eq!(
+        error.to_string(),
+        "kube backend setting sandbox image must not be empty"
+    );
+}
