@@ -670,15 +670,30 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx]
 }
 
+fn summary(name: &str, mut lat: Vec<Duration>) -> String {
+    lat.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    format!(
+        "{name} p50={:.0}ms p90={:.0}ms p99={:.0}ms max={:.0}ms",
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.9)),
+        ms(percentile(&lat, 0.99)),
+        ms(lat[lat.len() - 1])
+    )
+}
+
 /// Claim-to-Ready latency against a filled warm pool for 1, 10 and 50
-/// concurrent claims. Prints figures; fails only if a claim never binds.
+/// concurrent claims, as the client sees it: from the create request to
+/// Ready=True seen through a watch. (v0.5.6 writes `claim-first-ready-at:
+/// unknown` for warm adoptions, so there is no controller-side split.)
+/// Prints figures; fails only if a claim never binds.
 /// `cargo test --features e2e --test k8s_e2e -- --ignored --nocapture claim_latency`
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement; run explicitly"]
 async fn claim_latency() {
-    in_namespace("e2e-latency", |client, ns| async move {
-        for n in [1usize, 10, 50] {
-            let pool = format!("pool-{n}");
+    for n in [1usize, 10, 50] {
+        in_namespace("e2e-latency", move |client, ns| async move {
+            let pool = "pool".to_owned();
             let started = Instant::now();
             warm_pool(&client, &ns, &pool, n as i64).await?;
             let fill = started.elapsed();
@@ -688,28 +703,30 @@ async fn claim_latency() {
             for i in 0..n {
                 let (claims, car, pool) = (claims.clone(), car.clone(), pool.clone());
                 tasks.push(tokio::spawn(async move {
-                    let name = format!("{pool}-c{i}");
+                    let name = format!("claim-{i}");
                     let t0 = Instant::now();
-                    apply(&claims, &car, &name, json!({"spec": {"warmPoolRef": {"name": pool}}})).await?;
+                    apply(
+                        &claims,
+                        &car,
+                        &name,
+                        json!({"spec": {"warmPoolRef": {"name": pool}}}),
+                    )
+                    .await?;
                     wait_for(&claims, &name, "claim Ready", condition_is("Ready", "True")).await?;
                     Ok::<_, anyhow::Error>(t0.elapsed())
                 }));
             }
-            let mut lat = Vec::new();
+            let mut client_side = Vec::new();
             for t in tasks {
-                lat.push(t.await??);
+                client_side.push(t.await??);
             }
-            lat.sort();
             println!(
-                "claims={n:2} pool_fill={:>7.0?} claim->Ready p50={:>7.0?} p90={:>7.0?} p99={:>7.0?} max={:>7.0?}",
-                fill,
-                percentile(&lat, 0.5),
-                percentile(&lat, 0.9),
-                percentile(&lat, 0.99),
-                lat[lat.len() - 1]
+                "claims={n:2} pool_fill={:.0}ms | {}",
+                fill.as_secs_f64() * 1000.0,
+                summary("create->Ready", client_side)
             );
-        }
-        Ok(())
-    })
-    .await;
+            Ok(())
+        })
+        .await;
+    }
 }
