@@ -183,7 +183,15 @@ CONTROLLER_LOG=$STATE/agent-sandbox-controller.log
 
 kubectl() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
 
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A pid from pid file "$1" counts only while it runs one of our cached
+# binaries: never signal a recycled pid, and zombies (no exe) count as gone.
+pid_alive() {
+	local pid exe
+	[ -f "$1" ] || return 1
+	pid=$(cat "$1")
+	exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+	case "$exe" in "$CACHE_ROOT"/*) return 0 ;; *) return 1 ;; esac
+}
 
 apiserver_healthy() {
 	[ -f "$KUBECONFIG_PATH" ] && kubectl get --raw /readyz --request-timeout=5s >/dev/null 2>&1
@@ -338,11 +346,11 @@ cmd_up() {
 kill_pidfile() {
 	local f=$1 pid i
 	[ -f "$f" ] || return 0
-	pid=$(cat "$f")
-	if kill -0 "$pid" 2>/dev/null; then
+	if pid_alive "$f"; then
+		pid=$(cat "$f")
 		kill "$pid" 2>/dev/null || true
 		for i in $(seq 50); do
-			kill -0 "$pid" 2>/dev/null || break
+			pid_alive "$f" || break
 			[ "$i" = 50 ] && kill -9 "$pid" 2>/dev/null
 			sleep 0.1
 		done
@@ -351,15 +359,19 @@ kill_pidfile() {
 }
 
 cmd_down() {
-	local f
+	local f saved=$STATE/stopping
 	kill_pidfile "$CONTROLLER_PID"
 	if [ -d "$CLUSTER_DIR" ]; then
+		# kwokctl signals its components and removes their pid files without
+		# waiting; keep copies to wait for (and if need be kill) them ourselves.
+		rm -rf "$saved"
+		mkdir -p "$saved"
+		cp "$CLUSTER_DIR"/pids/*.pid "$saved"/ 2>/dev/null || true
 		"$BIN/kwokctl" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
-		# kwokctl stops its components by their pid files; make sure of it.
-		for f in "$CLUSTER_DIR"/pids/*.pid; do
+		for f in "$saved"/*.pid; do
 			[ -e "$f" ] && kill_pidfile "$f"
 		done
-		rm -rf "$CLUSTER_DIR"
+		rm -rf "$saved" "$CLUSTER_DIR"
 	fi
 	rm -f "$KUBECONFIG_PATH"
 	rm -rf "$EXEC_ROOT"
