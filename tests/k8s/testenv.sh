@@ -190,28 +190,48 @@ pid_alive() {
 	[ -f "$1" ] || return 1
 	pid=$(cat "$1")
 	exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-	case "$exe" in "$CACHE_ROOT"/*) return 0 ;; *) return 1 ;; esac
+	[ "$exe" -ef "$BIN/${exe##*/}" ]
 }
 
 apiserver_healthy() {
 	[ -f "$KUBECONFIG_PATH" ] && kubectl get --raw /readyz --request-timeout=5s >/dev/null 2>&1
 }
 
-# Shows the last lines of every log of the cluster: for a failed `up`.
-show_logs() {
+# Names of started components that are no longer running.
+dead_components() {
 	local f
-	for f in "$CLUSTER_DIR"/logs/*.log "$CONTROLLER_LOG"; do
-		[ -s "$f" ] || continue
-		log "--- last lines of $f"
-		tail -n 25 "$f" >&2
+	for f in "$CLUSTER_DIR"/pids/*.pid "$CONTROLLER_PID"; do
+		[ -e "$f" ] || continue
+		pid_alive "$f" || basename "$f" .pid
 	done
 }
 
+log_of() {
+	if [ "$1" = agent-sandbox-controller ]; then
+		echo "$CONTROLLER_LOG"
+	else
+		echo "$CLUSTER_DIR/logs/$1.log"
+	fi
+}
+
+# Reports a failed `up` with the log tails of the components that died (or,
+# if all still run, of the apiserver and the agent-sandbox controller).
 fail_up() {
+	local c dead
 	log "error: $*"
-	show_logs
+	dead=$(dead_components)
+	[ -z "$dead" ] || log "not running: $(echo "$dead" | tr '\n' ' ')"
+	for c in ${dead:-kube-apiserver agent-sandbox-controller}; do
+		[ -s "$(log_of "$c")" ] || continue
+		log "--- last lines of $(log_of "$c")"
+		tail -n 20 "$(log_of "$c")" >&2
+	done
 	log "the partial cluster is left for inspection; '$0 down' removes it"
 	exit 1
+}
+
+check_components() {
+	[ -z "$(dead_components)" ] || fail_up "a component exited"
 }
 
 write_kwok_config() {
@@ -338,9 +358,13 @@ cmd_up() {
 	if ! apiserver_healthy; then
 		create_cluster
 	fi
+	check_components
 	apply_node_and_storage
 	install_sandbox_crds
 	start_controller
+	# kwokctl's --wait does not notice a controller-manager or scheduler that
+	# died at start-up; by now they would have.
+	check_components
 }
 
 kill_pidfile() {
