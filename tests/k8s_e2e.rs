@@ -13,7 +13,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ServiceAccount};
 use kube::api::{
     ApiResource, AttachParams, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
     PatchParams, PostParams,
@@ -68,6 +68,17 @@ where
         .create(&PostParams::default(), &meta)
         .await
         .expect("create namespace");
+    // ServiceAccount admission rejects pods until kube-controller-manager has
+    // created the namespace's default ServiceAccount.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    wait_for(
+        &accounts,
+        "default",
+        "default ServiceAccount",
+        |sa: Option<&ServiceAccount>| sa.is_some(),
+    )
+    .await
+    .expect("default ServiceAccount");
     let outcome = tokio::spawn(body(client, ns.clone())).await;
     // Background deletion: the namespace controller and the garbage collector
     // clean up; the test does not wait for it.
