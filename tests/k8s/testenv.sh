@@ -22,6 +22,8 @@ SANDBOX_VERSION=0.5.6 # agent-sandbox controller + CRDs (v1beta1 storage)
 VERSION_KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_agent-sandbox-${SANDBOX_VERSION}"
 CACHE_ROOT=${CONTEXT_SERVICE_TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/context-service-testenv}
 BIN=$CACHE_ROOT/$VERSION_KEY/bin
+# agent-sandbox's CRD manifests, copied from the module at build time.
+CRDS=$CACHE_ROOT/$VERSION_KEY/agent-sandbox-crds
 STATE=${CONTEXT_SERVICE_TESTENV_STATE:-${XDG_RUNTIME_DIR:-/tmp}/context-service-testenv}
 CLUSTER=cs-e2e
 KUBECONFIG_PATH=$STATE/kubeconfig
@@ -131,8 +133,8 @@ build_kwok() {
 }
 
 build_sandbox() {
-	have_bins agent-sandbox-controller && return 0
-	local w
+	have_bins agent-sandbox-controller && [ -d "$CRDS" ] && return 0
+	local w dir
 	w=$(mktemp -d)
 	(
 		cd "$w"
@@ -142,13 +144,24 @@ build_sandbox() {
 		gorun go get -tool "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller@v$SANDBOX_VERSION"
 		gorun go build -trimpath -ldflags "-s -w" -o out/agent-sandbox-controller \
 			sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller
+		dir=$(gorun go mod download -json "sigs.k8s.io/agent-sandbox@v$SANDBOX_VERSION" | jq -r .Dir)
+		mkdir -p out/crds
+		cp "$dir"/k8s/crds/*.yaml out/crds/
 		mv out/agent-sandbox-controller "$BIN/"
+		rm -rf "$CRDS"
+		mv out/crds "$CRDS"
 	)
 	rm -rf "$w"
 }
 
 cmd_build() {
+	local gov
 	command -v go >/dev/null || die "no Go toolchain on PATH (need Go >= 1.26)"
+	gov=$(GOTOOLCHAIN=local go env GOVERSION)
+	case "$gov" in
+	go1.2[6-9]* | go1.[3-9][0-9]* | go[2-9]*) ;;
+	*) die "need Go >= 1.26 to build Kubernetes $K8S_VERSION, found $gov" ;;
+	esac
 	command -v jq >/dev/null || die "jq is required"
 	mkdir -p "$BIN"
 	# Binaries are moved into $BIN only when complete, so a present file is a
@@ -310,10 +323,8 @@ EOF
 # in-cluster controller; out of cluster nothing can serve it. Keep only
 # v1beta1 (the storage version) and drop the webhook.
 install_sandbox_crds() {
-	local dir f crd
-	dir=$(cd "$STATE" && gorun go mod download -json "sigs.k8s.io/agent-sandbox@v$SANDBOX_VERSION" | jq -r .Dir)
-	[ -d "$dir/k8s/crds" ] || fail_up "agent-sandbox CRDs not found in the module cache ($dir)"
-	for f in "$dir"/k8s/crds/*.yaml; do
+	local f crd
+	for f in "$CRDS"/*.yaml; do
 		kubectl create --dry-run=client -o json -f "$f" |
 			jq '.spec.conversion = {strategy: "None"}
 			    | .spec.versions |= map(select(.name == "v1beta1"))' |
@@ -349,6 +360,7 @@ cmd_up() {
 	for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl agent-sandbox-controller; do
 		[ -x "$BIN/$b" ] || die "$BIN/$b is missing; run '$0 build' first"
 	done
+	[ -d "$CRDS" ] || die "$CRDS is missing; run '$0 build' first"
 	mkdir -p "$STATE" "$EXEC_ROOT"
 	if [ -d "$CLUSTER_DIR" ] && ! apiserver_healthy; then
 		log "found a stale cluster in $STATE; removing it"
