@@ -11,6 +11,7 @@ use crate::auth::{Authenticator, KeySet, OwnerScope};
 use crate::config::ServeConfig;
 use crate::fsutil;
 use crate::metrics::Metrics;
+use crate::pool::PoolService;
 use crate::workload::WorkloadService;
 
 /// Everything handlers need. Cheap to clone.
@@ -22,6 +23,8 @@ pub struct AppState {
     pub owner_scope: OwnerScope,
     /// Prometheus metrics of the process.
     pub metrics: Metrics,
+    /// Sandbox pools and named contexts.
+    pub pools: Arc<PoolService>,
     /// Workloads, revisions, uploads and downloads.
     pub workloads: WorkloadService,
 }
@@ -54,11 +57,16 @@ impl AppState {
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
         let metrics = Metrics::new();
+        let backend = crate::backend::from_config(config)
+            .await
+            .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
+        let pools = Arc::new(PoolService::new(backend));
         let workloads = build_workloads(config).await?;
         Ok(Self {
             auth,
             owner_scope,
             metrics,
+            pools,
             workloads,
         })
     }

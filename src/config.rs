@@ -67,6 +67,43 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// Namespace of sandbox pools: their Sandboxes, SandboxClaims, workspace
+    /// PVCs and the warm pools and existing claims they name.
+    #[arg(long, env = "CS_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+
+    /// A SandboxWarmPool the `local` backend offers to `warmPoolRef`
+    /// (repeatable; the variable is comma-separated).
+    #[arg(
+        long = "local-warm-pool",
+        value_name = "NAME",
+        env = "CS_LOCAL_WARM_POOLS",
+        value_delimiter = ','
+    )]
+    pub local_warm_pools: Vec<String>,
+
+    /// Lifetime of a SandboxClaim: the `kube` backend sets
+    /// `lifecycle.shutdownTime` to creation + this, with policy `Delete`, so
+    /// a caller that never releases its pool cannot leak claims forever.
+    #[arg(long, env = "CS_CLAIM_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub claim_ttl: std::time::Duration,
+
+    /// Image of the sandbox container of direct pools (`kube` backend;
+    /// required there).
+    #[arg(long, env = "CS_SANDBOX_IMAGE")]
+    pub kube_sandbox_image: Option<String>,
+
+    /// `serviceAccountName` of sandbox pods of direct pools (`kube` backend).
+    #[arg(long, env = "CS_SANDBOX_SERVICE_ACCOUNT")]
+    pub kube_sandbox_service_account: Option<String>,
+
+    /// Label claimed warm-pool pods with the pool label through the claim's
+    /// `additionalPodMetadata` (`kube` backend). The agent-sandbox
+    /// controller accepts it only with `context.rossoctl.io` in its allowed
+    /// label domains; `false` for a stock controller.
+    #[arg(long, env = "CS_CLAIM_POD_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub kube_claim_pod_label: bool,
+
     /// Most workloads per owner.
     #[arg(long, env = "CS_WORKLOAD_QUOTA", default_value_t = 20)]
     pub workload_quota: usize,

@@ -71,6 +71,16 @@ impl ApiError {
         )
     }
 
+    /// `404 not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// `409 already_exists`.
+    pub fn already_exists(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "already_exists", message)
+    }
+
     /// `500 internal_error` with a generic message. The cause is logged here,
     /// never sent to the client.
     pub fn internal(cause: impl std::fmt::Display) -> Self {

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod backend;
 pub mod bundle;
 pub mod cache;
 pub mod cli;
@@ -16,6 +17,7 @@ pub mod config;
 pub mod error;
 pub mod fsutil;
 pub mod metrics;
+pub mod pool;
 pub mod server;
 pub mod store;
 pub mod telemetry;

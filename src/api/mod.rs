@@ -1,8 +1,11 @@
 //! HTTP routers, one module per resource. Handlers are thin: they extract,
 //! authorise, call a service and map the result.
 
+mod contexts;
 mod health;
-mod json;
+mod body;
+pub mod json;
+mod pools;
 mod workloads;
 
 use axum::routing::get;
@@ -16,8 +19,11 @@ use crate::metrics;
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(health::router())
+        .merge(pools::router())
+        .merge(contexts::router())
         .merge(workloads::router())
         .route("/metrics", get(metrics::render))
+        // Last, so it wraps every route above.
         .route_layer(middleware::from_fn_with_state(
             state.metrics.clone(),
             metrics::track,

@@ -12,7 +12,7 @@ use futures::TryStreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::json::ApiJson;
+use super::body::ApiJson;
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};

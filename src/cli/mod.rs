@@ -29,6 +29,8 @@ pub fn fail(err: &anyhow::Error) -> ExitCode {
     ExitCode::from(EXIT_FAILURE)
 }
 
+pub mod context;
+pub mod pool;
 pub mod token;
 pub mod workload;
 

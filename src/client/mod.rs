@@ -1,6 +1,8 @@
 //! Typed HTTP client for the Context Service API, used by `contextctl` and
 //! the integration tests. One module per resource adds its calls.
 
+pub mod pools;
+
 use std::path::{Path, PathBuf};
 
 use reqwest::{Method, RequestBuilder, Response, StatusCode};

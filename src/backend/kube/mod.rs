@@ -1,0 +1,21 @@
+//! The `kube` backend: pools and named contexts as agent-sandbox `Sandbox`,
+//! `SandboxClaim` and `PersistentVolumeClaim` objects in a Kubernetes cluster.
+//!
+//! - [`crd`]: typed `v1beta1` custom resources;
+//! - [`objects`]: names, labels and manifests (pure builders);
+//! - [`status`]: pool status from objects (pure);
+//! - [`watch`]: reflector caches and change notifications;
+//! - [`backend`]: [`KubeBackend`], the [`crate::backend::SandboxBackend`].
+
+pub mod backend;
+pub mod crd;
+pub mod objects;
+pub mod settings;
+pub mod status;
+pub mod watch;
+
+#[cfg(test)]
+mod tests;
+
+pub use backend::{KubeBackend, KubeBackendError};
+pub use settings::KubeSettings;

@@ -1,0 +1,1171 @@
+//! [`KubeBackend`] against a mocked Kubernetes API: a `tower-test` mock
+//! service answered by a small in-memory API server that records every
+//! request, can inject failures and streams watch events.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use kube::client::Body;
+use kube::Client;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tower_test::mock;
+
+use super::{KubeBackend, KubeSettings};
+use crate::backend::{BackendError, SandboxBackend};
+use crate::pool::model::{
+    AccessMode, ContextPhase, ContextSpec, ContextType, PoolPhase, PoolSpec, Strategy,
+};
+
+const NS: &str = "pools";
+const OWNER: &str = "0123456789abcdef0123456789abcdef";
+const OTHER_OWNER: &str = "fedcba9876543210fedcba9876543210";
+const SANDBOXES: &str = "sandboxes";
+const CLAIMS: &str = "sandboxclaims";
+const PVCS: &str = "persistentvolumeclaims";
+const WARM_POOLS: &str = "sandboxwarmpools";
+const PODS: &str = "pods";
+
+/// Response bodies: whole JSON documents, or a never-ending watch stream.
+type MockBody = axum::body::Body;
+
+/// One request as the fake API server saw it.
+#[derive(Debug, Clone)]
+struct Recorded {
+    method: Method,
+    /// Resource plural, e.g. `sandboxes`.
+    plural: String,
+    /// Namespace from the path.
+    namespace: String,
+    /// Object name from the path (or the body, for POST).
+    name: Option<String>,
+    /// Raw query string.
+    query: String,
+    /// Content type of the request.
+    content_type: Option<String>,
+    /// JSON body, `Null` when empty.
+    body: Value,
+}
+
+impl Recorded {
+    fn is_watch(&self) -> bool {
+        self.query.contains("watch=true")
+    }
+
+    /// `METHOD plural[/name]`, for readable order assertions.
+    fn line(&self) -> String {
+        let verb = match (self.method.as_str(), &self.name) {
+            ("GET", None) if self.is_watch() => "WATCH",
+            ("GET", None) => "LIST",
+            (method, _) => method,
+        };
+        match &self.name {
+            Some(name) => format!("{verb} {}/{name}", self.plural),
+            None => format!("{verb} {}", self.plural),
+        }
+    }
+}
+
+/// A failure to inject: the first request matching method, plural and name
+/// gets `code`.
+#[derive(Debug, Clone)]
+struct Fault {
+    method: Method,
+    plural: &'static str,
+    name: String,
+    code: u16,
+}
+
+struct WatchStream {
+    namespace: String,
+    plural: String,
+    selector: String,
+    events: mpsc::UnboundedSender<Bytes>,
+}
+
+#[derive(Default)]
+struct State {
+    /// `namespace/plural` → name → object.
+    objects: BTreeMap<String, BTreeMap<String, Value>>,
+    revision: u64,
+    requests: Vec<Recorded>,
+    faults: Vec<Fault>,
+    watches: Vec<WatchStream>,
+}
+
+/// An in-memory Kubernetes API server good enough for the backend.
+#[derive(Clone, Default)]
+struct FakeApi(Arc<Mutex<State>>);
+
+impl FakeApi {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().expect("fake state")
+    }
+
+    /// A client whose requests this fake answers.
+    fn client(&self) -> Client {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<MockBody>>();
+        let fake = self.clone();
+        tokio::spawn(async move {
+            while let Some((request, respond)) = handle.next_request().await {
+                let response = fake.handle(request).await;
+                respond.send_response(response);
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    fn backend(&self) -> KubeBackend {
+        KubeBackend::new(self.client(), settings()).expect("backend")
+    }
+
+    fn insert(&self, namespace: &str, plural: &str, mut object: Value) {
+        let mut state = self.state();
+        state.revision += 1;
+        let name = object["metadata"]["name"]
+            .as_str()
+            .expect("name")
+            .to_string();
+        let rev = state.revision;
+        object["metadata"]["namespace"] = json!(namespace);
+        object["metadata"]["resourceVersion"] = json!(rev.to_string());
+        if object["metadata"]["uid"].is_null() {
+            object["metadata"]["uid"] = json!(format!("uid-{name}"));
+        }
+        state
+            .objects
+            .entry(format!("{namespace}/{plural}"))
+            .or_default()
+            .insert(name, object.clone());
+        emit(&mut state, namespace, plural, "ADDED", &object);
+    }
+
+    /// Changes a stored object and tells the watchers.
+    fn update(&self, plural: &str, name: &str, change: impl FnOnce(&mut Value)) {
+        let mut state = self.state();
+        state.revision += 1;
+        let rev = state.revision;
+        let object = state
+            .objects
+            .get_mut(&format!("{NS}/{plural}"))
+            .and_then(|objects| objects.get_mut(name))
+            .expect("object to update");
+        change(object);
+        object["metadata"]["resourceVersion"] = json!(rev.to_string());
+        let object = object.clone();
+        emit(&mut state, NS, plural, "MODIFIED", &object);
+    }
+
+    fn names(&self, plural: &str) -> Vec<String> {
+        self.state()
+            .objects
+            .get(&format!("{NS}/{plural}"))
+            .map(|objects| objects.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn object(&self, plural: &str, name: &str) -> Value {
+        self.state().objects[&format!("{NS}/{plural}")][name].clone()
+    }
+
+    fn fail(&self, method: Method, plural: &'static str, name: &str, code: u16) {
+        self.state().faults.push(Fault {
+            method,
+            plural,
+            name: name.to_string(),
+            code,
+        });
+    }
+
+    fn requests(&self) -> Vec<Recorded> {
+        self.state().requests.clone()
+    }
+
+    /// The request lines, without the watch caches' traffic.
+    fn lines(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter(|r| !r.is_watch() && r.plural != PODS)
+            .map(Recorded::line)
+            .collect()
+    }
+
+    async fn handle(&self, request: Request<Body>) -> Response<MockBody> {
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect_bytes().await.expect("request body");
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("JSON request body")
+        };
+        let segments: Vec<&str> = parts.uri.path().split('/').collect();
+        let Some(at) = segments.iter().position(|s| *s == "namespaces") else {
+            return respond(
+                StatusCode::NOT_FOUND,
+                &status_body(404, "NotFound", "no such path"),
+            );
+        };
+        let namespace = segments[at + 1].to_string();
+        let plural = segments[at + 2].to_string();
+        let path_name = segments.get(at + 3).map(|s| s.to_string());
+        let body_name = body["metadata"]["name"].as_str().map(str::to_string);
+        let name = path_name.clone().or(body_name);
+        let query = parts.uri.query().unwrap_or_default().to_string();
+        let recorded = Recorded {
+            method: parts.method.clone(),
+            plural: plural.clone(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            query: query.clone(),
+            content_type: parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            body: body.clone(),
+        };
+        let mut state = self.state();
+        state.requests.push(recorded.clone());
+        let fault = state.faults.iter().position(|f| {
+            f.method == parts.method && f.plural == plural && Some(&f.name) == name.as_ref()
+        });
+        if let Some(index) = fault {
+            let fault = state.faults.remove(index);
+            let reason = match fault.code {
+                404 => "NotFound",
+                409 => "AlreadyExists",
+                _ => "InternalError",
+            };
+            return respond(
+                StatusCode::from_u16(fault.code).expect("code"),
+                &status_body(fault.code, reason, "injected failure"),
+            );
+        }
+        let key = format!("{namespace}/{plural}");
+        let selector = query_param(&query, "labelSelector").unwrap_or_default();
+        match (parts.method.clone(), path_name) {
+            (Method::GET, None) if recorded.is_watch() => {
+                let (events, receiver) = mpsc::unbounded_channel();
+                state.watches.push(WatchStream {
+                    namespace,
+                    plural,
+                    selector,
+                    events,
+                });
+                let stream = futures::stream::unfold(receiver, |mut receiver| async move {
+                    let bytes = receiver.recv().await?;
+                    Some((Ok::<_, Infallible>(bytes), receiver))
+                });
+                Response::new(MockBody::from_stream(stream))
+            }
+            (Method::GET, None) => {
+                let limit: usize = query_param(&query, "limit")
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or(usize::MAX);
+                let items: Vec<Value> = state
+                    .objects
+                    .get(&key)
+                    .map(|objects| {
+                        objects
+                            .values()
+                            .filter(|o| selector_matches(&selector, o))
+                            .take(limit)
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let list = json!({
+                    "apiVersion": "v1",
+                    "kind": "List",
+                    "metadata": {"resourceVersion": state.revision.to_string()},
+                    "items": items,
+                });
+                respond(StatusCode::OK, &list)
+            }
+            (Method::GET, Some(name)) => match state.objects.get(&key).and_then(|o| o.get(&name)) {
+                Some(object) => respond(StatusCode::OK, object),
+                None => not_found(&name),
+            },
+            (Method::POST, None) => {
+                let name = name.expect("POST body has a name");
+                if state
+                    .objects
+                    .get(&key)
+                    .is_some_and(|o| o.contains_key(&name))
+                {
+                    return respond(
+                        StatusCode::CONFLICT,
+                        &status_body(409, "AlreadyExists", &format!("{name} already exists")),
+                    );
+                }
+                state.revision += 1;
+                let mut object = body;
+                object["metadata"]["uid"] = json!(format!("uid-{name}"));
+                object["metadata"]["namespace"] = json!(namespace);
+                object["metadata"]["resourceVersion"] = json!(state.revision.to_string());
+                state
+                    .objects
+                    .entry(key)
+                    .or_default()
+                    .insert(name, object.clone());
+                emit(&mut state, &namespace, &plural, "ADDED", &object);
+                respond(StatusCode::CREATED, &object)
+            }
+            (Method::PATCH, Some(name)) => {
+                state.revision += 1;
+                let rev = state.revision;
+                let Some(object) = state.objects.get_mut(&key).and_then(|o| o.get_mut(&name))
+                else {
+                    return not_found(&name);
+                };
+                merge(object, &body);
+                object["metadata"]["resourceVersion"] = json!(rev.to_string());
+                let object = object.clone();
+                emit(&mut state, &namespace, &plural, "MODIFIED", &object);
+                respond(StatusCode::OK, &object)
+            }
+            (Method::DELETE, Some(name)) => {
+                match state.objects.get_mut(&key).and_then(|o| o.remove(&name)) {
+                    Some(object) => {
+                        emit(&mut state, &namespace, &plural, "DELETED", &object);
+                        respond(StatusCode::OK, &object)
+                    }
+                    None => not_found(&name),
+                }
+            }
+            (method, _) => respond(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &status_body(405, "MethodNotAllowed", method.as_str()),
+            ),
+        }
+    }
+}
+
+/// Sends a watch event to every matching watch stream.
+fn emit(state: &mut State, namespace: &str, plural: &str, kind: &str, object: &Value) {
+    let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).expect("event");
+    line.push(b'\n');
+    let line = Bytes::from(line);
+    state.watches.retain(|watch| {
+        if watch.namespace != namespace
+            || watch.plural != plural
+            || !selector_matches(&watch.selector, object)
+        {
+            return !watch.events.is_closed();
+        }
+        watch.events.send(line.clone()).is_ok()
+    });
+}
+
+/// JSON merge of `patch` into `target` (objects merge, everything else replaces).
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(target), Value::Object(patch)) => {
+            for (key, value) in patch {
+                merge(target.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+        (target, patch) => *target = patch.clone(),
+    }
+}
+
+/// `k=v` and `k` (exists) terms, comma-separated.
+fn selector_matches(selector: &str, object: &Value) -> bool {
+    let labels = &object["metadata"]["labels"];
+    selector
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .all(|term| match term.split_once('=') {
+            Some((key, value)) => labels[key].as_str() == Some(value),
+            None => !labels[term].is_null(),
+        })
+}
+
+fn query_param(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).expect("hex");
+                out.push(u8::from_str_radix(hex, 16).expect("hex digit"));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            byte => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("utf-8")
+}
+
+fn respond(code: StatusCode, body: &Value) -> Response<MockBody> {
+    let bytes = Bytes::from(serde_json::to_vec(body).expect("response"));
+    Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(MockBody::from(bytes))
+        .expect("response")
+}
+
+fn not_found(name: &str) -> Response<MockBody> {
+    respond(
+        StatusCode::NOT_FOUND,
+        &status_body(404, "NotFound", &format!("{name} not found")),
+    )
+}
+
+fn status_body(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    })
+}
+
+fn settings() -> KubeSettings {
+    let mut settings = KubeSettings::new(NS, "registry.example/sandbox:1");
+    settings.cache_sync_timeout = Duration::from_secs(5);
+    settings.initial_sync_timeout = Duration::from_secs(5);
+    settings
+}
+
+fn spec(name: &str, replicas: u32, strategy: Strategy) -> PoolSpec {
+    PoolSpec {
+        name: name.to_string(),
+        replicas,
+        strategy,
+        owner_scope: OWNER.to_string(),
+    }
+}
+
+fn dedicated() -> Strategy {
+    Strategy::Dedicated {
+        size: "1Gi".to_string(),
+        storage_class: Some("fast".to_string()),
+    }
+}
+
+fn labels(pool: &str, owner: &str) -> Value {
+    json!({
+        "context.rossoctl.io/pool": pool,
+        "app.kubernetes.io/managed-by": "context-service",
+        "context.rossoctl.io/owner": owner,
+    })
+}
+
+fn ready_condition(status: &str, reason: &str, message: &str) -> Value {
+    json!({"type": "Ready", "status": status, "reason": reason, "message": message})
+}
+
+fn warm_pool(name: &str) -> Value {
+    json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+        "kind": "SandboxWarmPool",
+        "metadata": {"name": name},
+        "spec": {"replicas": 2, "sandboxTemplateRef": {"name": "tpl"}},
+    })
+}
+
+fn plain_pvc(name: &str, mode: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "2Gi"}}},
+    })
+}
+
+fn internal_context(error: BackendError) -> String {
+    match error {
+        BackendError::Internal { context, .. } => context,
+        other => panic!("expected an internal error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn dedicated_create_makes_pvcs_then_sandboxes_and_owns_each_pvc() {
+    let fake = FakeApi::default();
+    let backend = fake.backend();
+    let status = backend
+        .create_pool(&spec("review", 2, dedicated()))
+        .await
+        .expect("created");
+
+    assert_eq!(
+        fake.lines(),
+        [
+            "LIST sandboxclaims",
+            "LIST sandboxes",
+            "LIST persistentvolumeclaims",
+            "POST persistentvolumeclaims/review-workspace-0",
+            "POST persistentvolumeclaims/review-workspace-1",
+            "POST sandboxes/sandbox-review-0",
+            "PATCH persistentvolumeclaims/review-workspace-0",
+            "POST sandboxes/sandbox-review-1",
+            "PATCH persistentvolumeclaims/review-workspace-1",
+        ]
+    );
+    let requests = fake.requests();
+    // The conflict pre-check selects managed objects of this pool only.
+    assert!(requests[0]
+        .query
+        .contains("labelSelector=context.rossoctl.io%2Fpool%3Dreview%2Capp.kubernetes.io%2Fmanaged-by%3Dcontext-service"));
+    assert!(requests.iter().all(|r| r.namespace == NS));
+    for post in requests.iter().filter(|r| r.method == Method::POST) {
+        assert!(
+            post.query.contains("fieldManager=context-service"),
+            "{post:?}"
+        );
+    }
+    let apply = &requests[6];
+    assert_eq!(
+        apply.content_type.as_deref(),
+        Some("application/apply-patch+yaml")
+    );
+    assert!(apply.query.contains("fieldManager=context-service"));
+
+    // Dedicated PVCs are owned by their Sandbox, so the GC removes them too.
+    for i in 0..2 {
+        let pvc = fake.object(PVCS, &format!("review-workspace-{i}"));
+        let owners = pvc["metadata"]["ownerReferences"]
+            .as_array()
+            .expect("owners");
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0]["kind"], "Sandbox");
+        assert_eq!(owners[0]["apiVersion"], "agents.x-k8s.io/v1beta1");
+        assert_eq!(owners[0]["name"], format!("sandbox-review-{i}"));
+        assert_eq!(owners[0]["uid"], format!("uid-sandbox-review-{i}"));
+        assert_eq!(pvc["spec"]["storageClassName"], "fast");
+        let sandbox = fake.object(SANDBOXES, &format!("sandbox-review-{i}"));
+        let volume = &sandbox["spec"]["podTemplate"]["spec"]["volumes"][0];
+        assert_eq!(
+            volume["persistentVolumeClaim"]["claimName"],
+            format!("review-workspace-{i}")
+        );
+        assert_eq!(
+            sandbox["metadata"]["labels"]["context.rossoctl.io/owner"],
+            OWNER
+        );
+    }
+
+    assert_eq!(status.name, "review");
+    assert_eq!(status.replicas, 2);
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.ready_replicas, 0);
+    assert_eq!(status.strategy, dedicated());
+    assert_eq!(status.owner_scope, OWNER);
+    assert_eq!(status.workspace.access_mode, "ReadWriteOnce");
+    let members: Vec<_> = status.members.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(members, ["sandbox-review-0", "sandbox-review-1"]);
+}
+
+#[tokio::test]
+async fn shared_create_makes_one_rwx_pvc_owned_by_no_sandbox() {
+    let fake = FakeApi::default();
+    let backend = fake.backend();
+    let strategy = Strategy::Shared {
+        size: "5Gi".to_string(),
+        storage_class: None,
+    };
+    backend
+        .create_pool(&spec("team", 3, strategy))
+        .await
+        .expect("created");
+    assert_eq!(fake.names(PVCS), ["team-workspace"]);
+    let pvc = fake.object(PVCS, "team-workspace");
+    assert_eq!(pvc["spec"]["accessModes"], json!(["ReadWriteMany"]));
+    assert!(pvc["spec"]["storageClassName"].is_null());
+    assert!(pvc["metadata"]["ownerReferences"].is_null());
+    assert_eq!(
+        pvc["metadata"]["labels"]["context.rossoctl.io/replicas"],
+        "3"
+    );
+    assert!(!fake.lines().iter().any(|l| l.starts_with("PATCH")));
+    assert_eq!(fake.names(SANDBOXES).len(), 3);
+}
+
+#[tokio::test]
+async fn a_failure_on_sandbox_2_deletes_what_the_create_made() {
+    let fake = FakeApi::default();
+    fake.fail(Method::POST, SANDBOXES, "sandbox-review-2", 500);
+    let backend = fake.backend();
+    let error = backend
+        .create_pool(&spec("review", 3, dedicated()))
+        .await
+        .expect_err("sandbox 2 fails");
+    assert_eq!(internal_context(error), "create sandbox 2");
+
+    let lines = fake.lines();
+    let failed_at = lines
+        .iter()
+        .position(|l| l == "POST sandboxes/sandbox-review-2")
+        .expect("sandbox 2 attempted");
+    assert_eq!(
+        lines[failed_at + 1..],
+        [
+            "DELETE sandboxes/sandbox-review-1",
+            "DELETE sandboxes/sandbox-review-0",
+            "DELETE persistentvolumeclaims/review-workspace-2",
+            "DELETE persistentvolumeclaims/review-workspace-1",
+            "DELETE persistentvolumeclaims/review-workspace-0",
+        ]
+    );
+    assert!(fake.names(SANDBOXES).is_empty());
+    assert!(fake.names(PVCS).is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_owner_patch_also_rolls_back() {
+    let fake = FakeApi::default();
+    fake.fail(Method::PATCH, PVCS, "solo-workspace-0", 500);
+    let backend = fake.backend();
+    let error = backend
+        .create_pool(&spec("solo", 1, dedicated()))
+        .await
+        .expect_err("patch fails");
+    assert_eq!(
+        internal_context(error),
+        "set owner of workspace PVC solo-workspace-0"
+    );
+    assert!(fake.names(SANDBOXES).is_empty());
+    assert!(fake.names(PVCS).is_empty());
+}
+
+#[tokio::test]
+async fn existing_managed_objects_of_any_strategy_conflict_before_creating() {
+    let fake = FakeApi::default();
+    // A warm pool of the same name exists: a dedicated create must not add
+    // direct objects beside its claims (upstream did not detect this).
+    fake.insert(
+        NS,
+        CLAIMS,
+        json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "kind": "SandboxClaim",
+            "metadata": {"name": "claim-dup-0", "labels": labels("dup", OTHER_OWNER)},
+            "spec": {"warmPoolRef": {"name": "wp"}},
+        }),
+    );
+    let backend = fake.backend();
+    let error = backend
+        .create_pool(&spec("dup", 1, dedicated()))
+        .await
+        .expect_err("conflict");
+    assert!(matches!(error, BackendError::AlreadyExists), "{error:?}");
+    assert!(!fake.lines().iter().any(|l| l.starts_with("POST")));
+}
+
+#[tokio::test]
+async fn a_409_on_create_is_already_exists_and_rolls_back() {
+    let fake = FakeApi::default();
+    // A foreign, unlabelled Sandbox holds the name of sandbox 1.
+    fake.insert(
+        NS,
+        SANDBOXES,
+        json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1",
+            "kind": "Sandbox",
+            "metadata": {"name": "sandbox-clash-1"},
+            "spec": {"podTemplate": {"spec": {"containers": [{"name": "x"}]}}},
+        }),
+    );
+    let backend = fake.backend();
+    let error = backend
+        .create_pool(&spec("clash", 2, dedicated()))
+        .await
+        .expect_err("conflict");
+    assert!(matches!(error, BackendError::AlreadyExists), "{error:?}");
+    assert_eq!(fake.names(SANDBOXES), ["sandbox-clash-1"]);
+    assert!(fake.names(PVCS).is_empty());
+
+    // The same for the first PVC of a shared pool.
+    fake.insert(
+        NS,
+        PVCS,
+        plain_pvc("other-workspace", "ReadWriteMany", json!({})),
+    );
+    let strategy = Strategy::Shared {
+        size: "1Gi".to_string(),
+        storage_class: None,
+    };
+    let error = backend
+        .create_pool(&spec("other", 2, strategy))
+        .await
+        .expect_err("conflict");
+    assert!(matches!(error, BackendError::AlreadyExists), "{error:?}");
+    assert_eq!(fake.names(PVCS), ["other-workspace"]);
+}
+
+#[tokio::test]
+async fn concurrent_creates_of_one_name_conflict() {
+    let fake = FakeApi::default();
+    let backend = Arc::new(fake.backend());
+    let race = spec("race", 1, dedicated());
+    let (a, b) = tokio::join!(backend.create_pool(&race), backend.create_pool(&race));
+    let conflicts = [&a, &b]
+        .iter()
+        .filter(|r| matches!(r, Err(BackendError::AlreadyExists)))
+        .count();
+    assert_eq!(conflicts, 1, "{a:?} {b:?}");
+    assert!(a.is_ok() || b.is_ok());
+}
+
+#[tokio::test]
+async fn warm_create_checks_the_pool_and_makes_claims_with_a_lifecycle() {
+    let fake = FakeApi::default();
+    let backend = fake.backend();
+    let warm = Strategy::Warm {
+        pool: "agents".to_string(),
+    };
+    let error = backend
+        .create_pool(&spec("fast", 2, warm.clone()))
+        .await
+        .expect_err("no warm pool");
+    match error {
+        BackendError::Invalid(message) => assert_eq!(message, r#"warm pool "agents" not found"#),
+        other => panic!("{other:?}"),
+    }
+    assert!(fake.names(CLAIMS).is_empty());
+
+    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
+    let before = fake.requests().len();
+    let status = backend
+        .create_pool(&spec("fast", 2, warm.clone()))
+        .await
+        .expect("created");
+    let lines: Vec<String> = fake.requests()[before..]
+        .iter()
+        .map(Recorded::line)
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "GET sandboxwarmpools/agents",
+            "LIST sandboxclaims",
+            "LIST sandboxes",
+            "LIST persistentvolumeclaims",
+            "POST sandboxclaims/claim-fast-0",
+            "POST sandboxclaims/claim-fast-1",
+        ]
+    );
+    let claim = fake.object(CLAIMS, "claim-fast-1");
+    assert_eq!(claim["spec"]["warmPoolRef"]["name"], "agents");
+    assert_eq!(claim["spec"]["lifecycle"]["shutdownPolicy"], "Delete");
+    let shutdown: k8s_openapi::jiff::Timestamp = claim["spec"]["lifecycle"]["shutdownTime"]
+        .as_str()
+        .expect("shutdownTime")
+        .parse()
+        .expect("RFC 3339");
+    assert!(shutdown > k8s_openapi::jiff::Timestamp::now());
+    assert_eq!(
+        claim["spec"]["additionalPodMetadata"]["labels"],
+        json!({"context.rossoctl.io/pool": "fast"})
+    );
+    assert_eq!(status.strategy, warm);
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.members.len(), 2);
+    // Nothing is ever written to the warm pool.
+    assert!(!fake
+        .requests()
+        .iter()
+        .any(|r| r.plural == WARM_POOLS && r.method != Method::GET));
+}
+
+#[tokio::test]
+async fn existing_claim_is_validated_and_mounted_read_only() {
+    let fake = FakeApi::default();
+    let backend = fake.backend();
+    let existing = |read_only| Strategy::Existing {
+        claim_name: "prepared".to_string(),
+        read_only,
+    };
+    let invalid = |error: BackendError| match error {
+        BackendError::Invalid(message) => message,
+        other => panic!("{other:?}"),
+    };
+
+    let error = backend
+        .create_pool(&spec("readers", 1, existing(true)))
+        .await
+        .expect_err("missing claim");
+    assert_eq!(invalid(error), r#"workspace claim "prepared" not found"#);
+
+    // Another owner's managed volume is reported like a missing one.
+    fake.insert(
+        NS,
+        PVCS,
+        plain_pvc("prepared", "ReadWriteOnce", labels("theirs", OTHER_OWNER)),
+    );
+    let error = backend
+        .create_pool(&spec("readers", 1, existing(true)))
+        .await
+        .expect_err("foreign claim");
+    assert_eq!(invalid(error), r#"workspace claim "prepared" not found"#);
+
+    fake.update(PVCS, "prepared", |pvc| {
+        pvc["metadata"]["labels"] = json!({});
+    });
+    let error = backend
+        .create_pool(&spec("readers", 3, existing(true)))
+        .await
+        .expect_err("RWO for 3");
+    assert_eq!(
+        invalid(error),
+        r#"workspace claim "prepared" must support ReadWriteMany for multiple sandboxes"#
+    );
+    assert!(fake.names(SANDBOXES).is_empty());
+
+    fake.update(PVCS, "prepared", |pvc| {
+        pvc["spec"]["accessModes"] = json!(["ReadWriteMany"]);
+    });
+    let status = backend
+        .create_pool(&spec("readers", 3, existing(true)))
+        .await
+        .expect("created");
+    assert_eq!(fake.names(PVCS), ["prepared"]);
+    let sandbox = fake.object(SANDBOXES, "sandbox-readers-2");
+    let pod = &sandbox["spec"]["podTemplate"]["spec"];
+    assert_eq!(
+        pod["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "prepared"
+    );
+    assert_eq!(pod["volumes"][0]["persistentVolumeClaim"]["readOnly"], true);
+    assert_eq!(pod["containers"][0]["volumeMounts"][0]["readOnly"], true);
+    assert_eq!(
+        sandbox["metadata"]["annotations"]["context.rossoctl.io/workspace-claim"],
+        "prepared"
+    );
+    assert_eq!(status.strategy, existing(true));
+    assert_eq!(status.workspace.claim_name.as_deref(), Some("prepared"));
+    assert_eq!(status.workspace.read_only, Some(true));
+    assert_eq!(status.workspace.size, "2Gi");
+    assert_eq!(status.workspace.access_mode, "ReadWriteMany");
+}
+
+#[tokio::test]
+async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool() {
+    let fake = FakeApi::default();
+    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
+    fake.insert(NS, PVCS, plain_pvc("prepared", "ReadWriteMany", json!({})));
+    let backend = fake.backend();
+    let existing = Strategy::Existing {
+        claim_name: "prepared".to_string(),
+        read_only: false,
+    };
+    backend
+        .create_pool(&spec("readers", 2, existing))
+        .await
+        .expect("existing pool");
+    backend
+        .create_pool(&spec(
+            "fast",
+            1,
+            Strategy::Warm {
+                pool: "agents".to_string(),
+            },
+        ))
+        .await
+        .expect("warm pool");
+    backend
+        .create_pool(&spec("review", 1, dedicated()))
+        .await
+        .expect("dedicated pool");
+
+    let before = fake.requests().len();
+    assert!(backend.delete_pool("readers").await.expect("delete"));
+    assert!(backend.delete_pool("fast").await.expect("delete"));
+    assert!(backend.delete_pool("review").await.expect("delete"));
+    let deletes: Vec<Recorded> = fake.requests()[before..]
+        .iter()
+        .filter(|r| r.method == Method::DELETE)
+        .cloned()
+        .collect();
+    let lines: Vec<String> = deletes.iter().map(Recorded::line).collect();
+    assert_eq!(
+        lines,
+        [
+            "DELETE sandboxes/sandbox-readers-0",
+            "DELETE sandboxes/sandbox-readers-1",
+            "DELETE sandboxclaims/claim-fast-0",
+            "DELETE sandboxes/sandbox-review-0",
+            "DELETE persistentvolumeclaims/review-workspace-0",
+        ]
+    );
+    // Claims go in the foreground, as upstream.
+    assert_eq!(deletes[2].body["propagationPolicy"], "Foreground");
+    assert_eq!(fake.names(PVCS), ["prepared"]);
+    assert_eq!(fake.names(WARM_POOLS), ["agents"]);
+    assert!(fake.names(SANDBOXES).is_empty());
+    assert!(fake.names(CLAIMS).is_empty());
+
+    // Idempotent: nothing left is not an error.
+    assert!(!backend.delete_pool("readers").await.expect("second delete"));
+}
+
+#[tokio::test]
+async fn delete_ignores_objects_that_vanish_meanwhile_and_reports_other_failures() {
+    let fake = FakeApi::default();
+    let backend = fake.backend();
+    backend
+        .create_pool(&spec("gone", 2, dedicated()))
+        .await
+        .expect("created");
+    fake.fail(Method::DELETE, SANDBOXES, "sandbox-gone-0", 404);
+    assert!(backend.delete_pool("gone").await.expect("404 is fine"));
+
+    backend
+        .create_pool(&spec("stuck", 1, dedicated()))
+        .await
+        .expect("created");
+    fake.fail(Method::DELETE, PVCS, "stuck-workspace-0", 500);
+    let error = backend.delete_pool("stuck").await.expect_err("500");
+    assert_eq!(
+        internal_context(error),
+        "delete workspace PVC stuck-workspace-0"
+    );
+    // A retry finishes the job.
+    assert!(backend.delete_pool("stuck").await.expect("retry"));
+    assert!(fake.names(PVCS).is_empty());
+}
+
+#[tokio::test]
+async fn a_foreign_object_with_the_pool_label_is_never_deleted() {
+    let fake = FakeApi::default();
+    fake.insert(
+        NS,
+        PVCS,
+        plain_pvc(
+            "intruder",
+            "ReadWriteOnce",
+            json!({"context.rossoctl.io/pool": "x"}),
+        ),
+    );
+    let backend = fake.backend();
+    assert!(!backend.delete_pool("x").await.expect("delete"));
+    assert_eq!(fake.names(PVCS), ["intruder"]);
+}
+
+#[tokio::test]
+async fn pool_reads_come_from_the_watch_caches() {
+    let fake = FakeApi::default();
+    let backend = fake.backend();
+    assert!(backend.get_pool("any").await.is_err(), "caches not started");
+    backend.start_watchers();
+    backend
+        .wait_synced(Duration::from_secs(5))
+        .await
+        .expect("synced");
+    backend
+        .create_pool(&spec("review", 2, dedicated()))
+        .await
+        .expect("created");
+
+    // Reads right after the create already see the pool, with no LIST.
+    let before = fake.lines().len();
+    let status = backend
+        .get_pool("review")
+        .await
+        .expect("get")
+        .expect("present");
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.members.len(), 2);
+    assert_eq!(status.workspace.size, "1Gi");
+    assert_eq!(backend.get_pool("missing").await.expect("get"), None);
+    let pools = backend.list_pools().await.expect("list");
+    assert_eq!(pools.len(), 1);
+    assert_eq!(fake.lines().len(), before, "reads made API calls");
+
+    // The controller reports sandbox 0 ready and sandbox 1's pod failed.
+    fake.update(SANDBOXES, "sandbox-review-0", |sandbox| {
+        sandbox["metadata"]["annotations"]["agents.x-k8s.io/pod-name"] = json!("sandbox-review-0");
+        sandbox["status"] =
+            json!({"conditions": [ready_condition("True", "DependenciesReady", "")]});
+    });
+    fake.update(SANDBOXES, "sandbox-review-1", |sandbox| {
+        sandbox["status"] = json!({"conditions": [
+            ready_condition("False", "PodFailed", "Pod failed with exit code 1")
+        ]});
+    });
+    let status = backend
+        .wait_pool("review", Duration::from_secs(10))
+        .await
+        .expect("wait")
+        .expect("present");
+    assert_eq!(status.phase, PoolPhase::Failed);
+    assert_eq!(status.reason.as_deref(), Some("PodFailed"));
+    assert_eq!(status.ready_replicas, 1);
+    assert_eq!(status.members[0].pod.as_deref(), Some("sandbox-review-0"));
+}
+
+#[tokio::test]
+async fn wait_pool_wakes_on_watch_events_and_times_out_with_the_current_status() {
+    let fake = FakeApi::default();
+    let backend = Arc::new(fake.backend());
+    backend.start_watchers();
+    backend
+        .create_pool(&spec("slow", 1, dedicated()))
+        .await
+        .expect("created");
+
+    let started = tokio::time::Instant::now();
+    let status = backend
+        .wait_pool("slow", Duration::from_millis(200))
+        .await
+        .expect("wait")
+        .expect("present");
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert!(started.elapsed() >= Duration::from_millis(200));
+
+    let waiter = {
+        let backend = backend.clone();
+        tokio::spawn(async move { backend.wait_pool("slow", Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished());
+    let started = tokio::time::Instant::now();
+    fake.update(SANDBOXES, "sandbox-slow-0", |sandbox| {
+        sandbox["status"] =
+            json!({"conditions": [ready_condition("True", "DependenciesReady", "")]});
+    });
+    let status = waiter.await.expect("task").expect("wait").expect("present");
+    assert_eq!(status.phase, PoolPhase::Ready);
+    assert_eq!(status.ready_replicas, 1);
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // No such pool: answered at once.
+    let status = backend
+        .wait_pool("absent", Duration::from_secs(30))
+        .await
+        .expect("wait");
+    assert_eq!(status, None);
+}
+
+#[tokio::test]
+async fn named_contexts_are_pvcs_in_the_requested_namespace() {
+    let fake = FakeApi::default();
+    let backend = fake.backend();
+    let context = ContextSpec {
+        name: "research".to_string(),
+        namespace: "team1".to_string(),
+        context_type: ContextType::Memory,
+        size: "5Gi".to_string(),
+        access_mode: AccessMode::ReadWriteMany,
+        storage_class: Some("fast".to_string()),
+        owner_scope: OWNER.to_string(),
+    };
+    let status = backend.create_context(&context).await.expect("created");
+    assert_eq!(status.claim_name, "context-research");
+    assert_eq!(status.namespace, "team1");
+    assert_eq!(status.context_type, ContextType::Memory);
+    assert_eq!(status.phase, ContextPhase::Provisioning);
+    assert_eq!(status.owner_scope, OWNER);
+    let post = fake.requests().pop().expect("request");
+    assert_eq!(post.namespace, "team1");
+    assert_eq!(post.line(), "POST persistentvolumeclaims/context-research");
+    let labels = &post.body["metadata"]["labels"];
+    assert_eq!(labels["context.rossoctl.io/name"], "research");
+    assert_eq!(labels["context.rossoctl.io/type"], "memory");
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "context-service");
+    assert!(labels["context.rossoctl.io/pool"].is_null());
+
+    let error = backend.create_context(&context).await.expect_err("exists");
+    assert!(matches!(error, BackendError::AlreadyExists));
+
+    let got = backend
+        .get_context("team1", "research")
+        .await
+        .expect("get")
+        .expect("present");
+    assert_eq!(got.size, "5Gi");
+    assert_eq!(got.storage_class.as_deref(), Some("fast"));
+    assert_eq!(backend.list_contexts("team1").await.expect("list").len(), 1);
+    assert!(backend
+        .list_contexts("team2")
+        .await
+        .expect("list")
+        .is_empty());
+
+    // An unmanaged PVC with the same name is not a context.
+    fake.insert(
+        "team2",
+        PVCS,
+        plain_pvc("context-research", "ReadWriteOnce", json!({})),
+    );
+    assert_eq!(
+        backend.get_context("team2", "research").await.expect("get"),
+        None
+    );
+    assert!(!backend
+        .delete_context("team2", "research")
+        .await
+        .expect("delete"));
+
+    assert!(backend
+        .delete_context("team1", "research")
+        .await
+        .expect("delete"));
+    assert!(!backend
+        .delete_context("team1", "research")
+        .await
+        .expect("again"));
+}
+
+#[tokio::test]
+async fn a_failed_claim_deletes_the_claims_made_before_it() {
+    let fake = FakeApi::default();
+    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
+    fake.fail(Method::POST, CLAIMS, "claim-fast-2", 503);
+    let backend = fake.backend();
+    let warm = Strategy::Warm {
+        pool: "agents".to_string(),
+    };
+    let error = backend
+        .create_pool(&spec("fast", 3, warm))
+        .await
+        .expect_err("claim 2 fails");
+    assert_eq!(internal_context(error), "create sandbox claim 2");
+    let lines = fake.lines();
+    assert_eq!(
+        lines[lines.len() - 3..],
+        [
+            "POST sandboxclaims/claim-fast-2",
+            "DELETE sandboxclaims/claim-fast-1",
+            "DELETE sandboxclaims/claim-fast-0",
+        ]
+    );
+    assert!(fake.names(CLAIMS).is_empty());
+    assert_eq!(fake.names(WARM_POOLS), ["agents"]);
+}
+
+#[tokio::test]
+async fn settings_without_an_image_are_refused() {
+    let fake = FakeApi::default();
+    let mut settings = settings();
+    settings.sandbox_image = " ".to_string();
+    let error = KubeBackend::new(fake.client(), settings).expect_err("no image");
+    assert_eq!(
+        error.to_string(),
+        "kube backend setting sandbox image must not be empty"
+    );
+}

@@ -1,0 +1,253 @@
+//! Watch caches: kube-runtime reflectors over the managed objects of the
+//! namespace, started once, plus a change counter that waiters subscribe to.
+//!
+//! Pool status reads these stores instead of listing per request, and
+//! `wait_pool` sleeps on the change counter instead of polling.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::crd::{Sandbox, SandboxClaim};
+use super::objects::{managed_selector, LABEL_POOL};
+use super::status::PoolObjects;
+
+/// Label the claim controller puts on every Sandbox bound to a claim (cold
+/// or adopted); adopted Sandboxes carry none of our labels.
+const CLAIMED_SANDBOX_SELECTOR: &str = "agents.x-k8s.io/claim-uid";
+
+/// Read side of the watch caches.
+#[derive(Clone)]
+pub struct Caches {
+    namespace: String,
+    claims: Store<SandboxClaim>,
+    sandboxes: Store<Sandbox>,
+    claimed_sandboxes: Store<Sandbox>,
+    pvcs: Store<PersistentVolumeClaim>,
+    pods: Store<Pod>,
+    changes: watch::Receiver<u64>,
+}
+
+/// The running watcher tasks; dropping this stops them.
+pub struct Watchers {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Watchers {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Starts one reflector per kind in `namespace`: claims, Sandboxes, PVCs and
+/// Pods with `managed-by=context-service`, and Sandboxes bound to claims.
+pub fn start(client: &Client, namespace: &str) -> (Caches, Watchers) {
+    let (changed, changes) = watch::channel(0u64);
+    let changed = Arc::new(changed);
+    let managed = watcher::Config::default().labels(&managed_selector());
+    let claimed = watcher::Config::default().labels(CLAIMED_SANDBOX_SELECTOR);
+    let mut tasks = Vec::with_capacity(5);
+    let claims =
+        spawn_reflector::<SandboxClaim>(client, namespace, managed.clone(), &changed, &mut tasks);
+    let sandboxes =
+        spawn_reflector::<Sandbox>(client, namespace, managed.clone(), &changed, &mut tasks);
+    let claimed_sandboxes =
+        spawn_reflector::<Sandbox>(client, namespace, claimed, &changed, &mut tasks);
+    let pvcs = spawn_reflector::<PersistentVolumeClaim>(
+        client,
+        namespace,
+        managed.clone(),
+        &changed,
+        &mut tasks,
+    );
+    let pods = spawn_reflector::<Pod>(client, namespace, managed, &changed, &mut tasks);
+    let caches = Caches {
+        namespace: namespace.to_string(),
+        claims,
+        sandboxes,
+        claimed_sandboxes,
+        pvcs,
+        pods,
+        changes,
+    };
+    (caches, Watchers { tasks })
+}
+
+/// Spawns a reflector for `K` and returns its store. Every event (and every
+/// re-list) bumps the change counter; errors are logged and retried with
+/// kube-runtime's default backoff.
+fn spawn_reflector<K>(
+    client: &Client,
+    namespace: &str,
+    config: watcher::Config,
+    changed: &Arc<watch::Sender<u64>>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Store<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let (reader, writer) = reflector::store();
+    // Managed fields are large and never read: keep them out of memory.
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|object: &mut K| object.managed_fields_mut().clear());
+    let stream = reflector::reflector(writer, stream);
+    let changed = changed.clone();
+    let kind = K::plural(&()).to_string();
+    tasks.push(tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => changed.send_modify(|generation| *generation = generation.wrapping_add(1)),
+                Err(error) => tracing::warn!(%kind, %error, "watch failed; retrying"),
+            }
+        }
+    }));
+    reader
+}
+
+impl Caches {
+    /// Waits until every store has completed its first list, at most `timeout`.
+    pub async fn synced(&self, timeout: Duration) -> Result<(), CacheError> {
+        let all = async {
+            self.claims
+                .wait_until_ready()
+                .await
+                .map_err(|_| "sandboxclaims")?;
+            self.sandboxes
+                .wait_until_ready()
+                .await
+                .map_err(|_| "sandboxes")?;
+            self.claimed_sandboxes
+                .wait_until_ready()
+                .await
+                .map_err(|_| "claimed sandboxes")?;
+            self.pvcs
+                .wait_until_ready()
+                .await
+                .map_err(|_| "persistentvolumeclaims")?;
+            self.pods.wait_until_ready().await.map_err(|_| "pods")?;
+            Ok::<(), &'static str>(())
+        };
+        match tokio::time::timeout(timeout, all).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(kind)) => Err(CacheError::Stopped(kind)),
+            Err(_) => Err(CacheError::NotSynced),
+        }
+    }
+
+    /// A receiver that changes whenever any cache changes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
+    }
+
+    /// The objects of pool `name` as the caches see them now.
+    pub fn pool_objects(&self, name: &str) -> PoolObjects {
+        let in_pool = |labels: &std::collections::BTreeMap<String, String>| {
+            labels.get(LABEL_POOL).map(String::as_str) == Some(name)
+        };
+        let claims = self.claims.state_filter(|claim| in_pool(claim.labels()));
+        let bound_sandboxes = claims
+            .iter()
+            .filter_map(|claim| claim.status.as_ref()?.sandbox.as_ref())
+            .filter_map(|bound| {
+                self.claimed_sandboxes
+                    .get(&ObjectRef::new(&bound.name).within(&self.namespace))
+            })
+            .collect();
+        PoolObjects {
+            claims,
+            sandboxes: self.sandboxes.state_filter(|s| in_pool(s.labels())),
+            pvcs: self.pvcs.state_filter(|pvc| in_pool(pvc.labels())),
+            pods: self.pods.state_filter(|pod| in_pool(pod.labels())),
+            bound_sandboxes,
+        }
+    }
+
+    /// Names of every pool with a cached claim, Sandbox or PVC.
+    pub fn pool_names(&self) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        let mut add = |labels: &std::collections::BTreeMap<String, String>| {
+            if let Some(pool) = labels.get(LABEL_POOL).filter(|pool| !pool.is_empty()) {
+                names.insert(pool.clone());
+            }
+        };
+        self.claims.state().iter().for_each(|o| add(o.labels()));
+        self.sandboxes.state().iter().for_each(|o| add(o.labels()));
+        self.pvcs.state().iter().for_each(|o| add(o.labels()));
+        names
+    }
+
+    /// Whether the caches hold every object of `created`.
+    pub fn contains(&self, created: &Created) -> bool {
+        let ns = &self.namespace;
+        created.objects.iter().all(|(kind, name)| match kind {
+            Kind::Claim => self.claims.get(&ObjectRef::new(name).within(ns)).is_some(),
+            Kind::Sandbox => self
+                .sandboxes
+                .get(&ObjectRef::new(name).within(ns))
+                .is_some(),
+            Kind::Pvc => self.pvcs.get(&ObjectRef::new(name).within(ns)).is_some(),
+        })
+    }
+}
+
+/// The kinds of object a create makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A SandboxClaim.
+    Claim,
+    /// A Sandbox.
+    Sandbox,
+    /// A PersistentVolumeClaim.
+    Pvc,
+}
+
+/// The objects one create made, in creation order (rollback undoes them in
+/// reverse).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Created {
+    /// Kind and name of each object.
+    pub objects: Vec<(Kind, String)>,
+}
+
+impl Created {
+    /// Records a created object.
+    pub fn push(&mut self, kind: Kind, name: impl Into<String>) {
+        self.objects.push((kind, name.into()));
+    }
+}
+
+/// Why the caches cannot answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// `start_watchers` was not called.
+    #[error("the watch caches are not started")]
+    NotStarted,
+    /// A first list has not completed in time (API unreachable, RBAC or a
+    /// CRD missing: the watcher logs say which).
+    #[error("the watch caches have not synced")]
+    NotSynced,
+    /// A watcher task ended.
+    #[error("the {0} watcher stopped")]
+    Stopped(&'static str),
+}

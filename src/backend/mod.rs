@@ -1,0 +1,125 @@
+//! Sandbox backends: where pools and named contexts really live.
+//!
+//! One [`SandboxBackend`] trait, two implementations: `local` (the embedded
+//! default: directories under the data dir) and `kube` (agent-sandbox CRDs
+//! and PVCs in a Kubernetes namespace). Backends know nothing about owners
+//! beyond recording and reporting [`PoolSpec::owner_scope`]; the pool
+//! service filters and hides other owners' objects.
+
+pub mod kube;
+pub mod local;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{BackendKind, ServeConfig};
+use crate::pool::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
+
+/// Why a backend call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The first object to create already exists (any strategy), or the
+    /// context's volume exists: answered `409 already_exists`.
+    #[error("already exists")]
+    AlreadyExists,
+    /// The request names something unusable (missing claim or warm pool,
+    /// claim without RWX for several replicas). The text follows upstream,
+    /// without the prefix: answered `400` as `invalid sandbox pool: <text>`,
+    /// e.g. `workspace claim "x" not found`.
+    #[error("invalid sandbox pool: {0}")]
+    Invalid(String),
+    /// Anything else. Logged with its source; answered as a generic `500`.
+    #[error("{context}: {source}")]
+    Internal {
+        /// What the backend was doing, e.g. `create sandbox 3`.
+        context: String,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+}
+
+impl BackendError {
+    /// An internal error: `context` says what was being done.
+    pub fn internal(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        BackendError::Internal {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+}
+
+/// Where pools and named contexts live.
+///
+/// Conventions every implementation follows:
+/// - names and labels from [`crate::pool::names`]; every object carries the
+///   pool label, `managed-by` and the owner label;
+/// - an existing claim that is a managed volume of *another* owner is
+///   reported like a missing one (`Invalid("workspace claim \"x\" not found")`);
+/// - `get`/`list` report a pool while any of its managed objects exists;
+/// - errors never carry secrets; their text is logged, never answered.
+#[async_trait::async_trait]
+pub trait SandboxBackend: Send + Sync + 'static {
+    /// Creates every object of `spec`. Conflicts across all strategies (any
+    /// managed object under that pool name) give [`BackendError::AlreadyExists`]
+    /// with nothing created. On a failure half-way it removes what it created
+    /// in this call, then returns the error. The caller runs this in a task
+    /// that a client disconnect cannot cancel.
+    async fn create_pool(&self, spec: &PoolSpec) -> Result<PoolStatus, BackendError>;
+
+    /// The pool's current status; `None` when no object of it exists.
+    async fn get_pool(&self, name: &str) -> Result<Option<PoolStatus>, BackendError>;
+
+    /// Every pool (of every owner; the service filters), sorted by name.
+    async fn list_pools(&self) -> Result<Vec<PoolStatus>, BackendError>;
+
+    /// Deletes the pool's claims, sandboxes and managed volumes; never an
+    /// existing claim, a warm pool or a template. `false` when nothing
+    /// existed. Idempotent: a retry after a partial failure finishes the job.
+    async fn delete_pool(&self, name: &str) -> Result<bool, BackendError>;
+
+    /// Resolves when the pool is `ready` or `failed`, or when `timeout`
+    /// passes (then with the current status). `None` = no such pool (also
+    /// when it disappears while waiting).
+    async fn wait_pool(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<PoolStatus>, BackendError>;
+
+    /// Creates the volume `context-<name>` in `spec.namespace`;
+    /// [`BackendError::AlreadyExists`] if that volume exists (whoever made it).
+    async fn create_context(&self, spec: &ContextSpec) -> Result<ContextStatus, BackendError>;
+
+    /// The named context; `None` when its volume is missing or is not a
+    /// managed context volume of that name.
+    async fn get_context(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ContextStatus>, BackendError>;
+
+    /// Every named context in `namespace` (every owner), sorted by name.
+    async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError>;
+
+    /// Deletes the named context's volume; `false` when it did not exist.
+    async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError>;
+}
+
+/// Builds the backend `config` selects.
+pub async fn from_config(config: &ServeConfig) -> anyhow::Result<Arc<dyn SandboxBackend>> {
+    match config.backend {
+        BackendKind::Local => Ok(Arc::new(local::LocalBackend::open(
+            local::LocalSettings::from_config(config),
+        )?)),
+        BackendKind::Kube => {
+            let backend =
+                kube::KubeBackend::try_default(kube::KubeSettings::from_config(config)).await?;
+            backend.start_watchers();
+            Ok(Arc::new(backend))
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! `contextctl context create|get|ls|rm`: named contexts.
+
+use std::process::ExitCode;
+
+use super::{print_json, ConnectionArgs, OutputFormat};
+use crate::pool::wire::{Context, ContextStorage, CreateContext};
+
+/// `contextctl context ...`.
+#[derive(Debug, clap::Args)]
+pub struct ContextArgs {
+    #[command(subcommand)]
+    command: ContextCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ContextCommand {
+    /// Create a named context: a volume `context-NAME` in NAMESPACE.
+    #[command(after_help = "\
+Examples:
+  contextctl context create docs --type knowledge -s 5Gi --shared
+  contextctl create readers -n 3 --claim context-docs --read-only")]
+    Create {
+        /// Context name (lowercase, at most 50 characters).
+        name: String,
+        /// Namespace.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// workspace, memory, knowledge or artifacts.
+        #[arg(long = "type", default_value = "workspace")]
+        context_type: String,
+        /// Size.
+        #[arg(short = 's', long, default_value = "1Gi")]
+        size: String,
+        /// ReadWriteMany instead of ReadWriteOnce (needed to mount it in
+        /// several sandboxes).
+        #[arg(long)]
+        shared: bool,
+        /// StorageClass [default: $CS_STORAGE_CLASS].
+        #[arg(short = 'c', long = "storage-class")]
+        storage_class: Option<String>,
+    },
+    /// Show a named context.
+    Get {
+        /// Context name.
+        name: String,
+        /// Namespace.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+    },
+    /// List your named contexts in a namespace.
+    Ls {
+        /// Namespace.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+    },
+    /// Delete a named context (succeeds when there is none).
+    Rm {
+        /// Context name.
+        name: String,
+        /// Namespace.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+    },
+}
+
+fn line(c: &Context) -> String {
+    format!(
+        "{}/{}: {}, {}, {} {}, claim {}",
+        c.namespace,
+        c.name,
+        c.status,
+        c.context_type,
+        c.storage.size,
+        match c.storage.access_mode.as_str() {
+            "ReadWriteMany" => "RWX",
+            "ReadWriteOnce" => "RWO",
+            other => other,
+        },
+        c.attachment.claim_name
+    )
+}
+
+/// Runs `contextctl context`.
+pub async fn run(
+    args: ContextArgs,
+    conn: &ConnectionArgs,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let client = conn.settings().client()?;
+    match args.command {
+        ContextCommand::Create {
+            name,
+            namespace,
+            context_type,
+            size,
+            shared,
+            storage_class,
+        } => {
+            let storage_class = storage_class
+                .or_else(|| std::env::var(super::pool::STORAGE_CLASS_ENV).ok())
+                .filter(|c| !c.is_empty());
+            let req = CreateContext {
+                name,
+                namespace,
+                context_type,
+                storage: ContextStorage {
+                    backend: "pvc".to_owned(),
+                    size,
+                    access_mode: if shared {
+                        "ReadWriteMany"
+                    } else {
+                        "ReadWriteOnce"
+                    }
+                    .to_owned(),
+                    storage_class,
+                },
+            };
+            let created = client.create_context(&req).await?;
+            match output {
+                OutputFormat::Json => print_json(&created)?,
+                OutputFormat::Text => println!("{}", line(&created)),
+            }
+        }
+        ContextCommand::Get { name, namespace } => {
+            let c = client.get_context(&namespace, &name).await?;
+            match output {
+                OutputFormat::Json => print_json(&c)?,
+                OutputFormat::Text => println!("{}", line(&c)),
+            }
+        }
+        ContextCommand::Ls { namespace } => {
+            let list = client.list_contexts(&namespace).await?;
+            match output {
+                OutputFormat::Json => print_json(&list)?,
+                OutputFormat::Text => list.items.iter().for_each(|c| println!("{}", line(c))),
+            }
+        }
+        ContextCommand::Rm { name, namespace } => {
+            client.delete_context(&namespace, &name).await?;
+            match output {
+                OutputFormat::Json => {
+                    print_json(&serde_json::json!({ "deleted": format!("{namespace}/{name}") }))?
+                }
+                OutputFormat::Text => println!("deleted {namespace}/{name}"),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

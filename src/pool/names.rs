@@ -1,0 +1,69 @@
+//! Resource names and label keys shared with the upstream Go prototype.
+//!
+//! Every backend names and labels what it creates with these, so that pools
+//! created by either implementation look the same to the harness and to
+//! `kubectl`.
+
+/// Label carried by every object of a pool (and its pods): `<pool name>`.
+pub const POOL_LABEL: &str = "context.rossoctl.io/pool";
+/// Label marking objects this service manages.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY_VALUE: &str = "context-service";
+/// Label carrying the HMAC'd owner scope of a pool or context.
+pub const OWNER_LABEL: &str = "context.rossoctl.io/owner";
+/// Label on managed pool PVCs, annotation on Sandboxes: the requested replicas.
+pub const REPLICAS_KEY: &str = "context.rossoctl.io/replicas";
+/// Annotation on Sandboxes: `"true"` or `"false"`.
+pub const WORKSPACE_READ_ONLY_ANNOTATION: &str = "context.rossoctl.io/workspace-read-only";
+/// Annotation on Sandboxes of the existing-PVC strategy: the claim name.
+pub const WORKSPACE_CLAIM_ANNOTATION: &str = "context.rossoctl.io/workspace-claim";
+/// Label on named-context PVCs: the context name.
+pub const CONTEXT_NAME_LABEL: &str = "context.rossoctl.io/name";
+/// Label on named-context PVCs: the context type.
+pub const CONTEXT_TYPE_LABEL: &str = "context.rossoctl.io/type";
+
+/// `context.rossoctl.io/pool=<name>`: the selector a harness routes on.
+pub fn selector(pool: &str) -> String {
+    format!("{POOL_LABEL}={pool}")
+}
+
+/// Sandbox `index` of a direct pool: `sandbox-<name>-<index>`.
+pub fn sandbox(pool: &str, index: u32) -> String {
+    format!("sandbox-{pool}-{index}")
+}
+
+/// The dedicated (RWO) workspace PVC of sandbox `index`: `<name>-workspace-<index>`.
+pub fn dedicated_workspace(pool: &str, index: u32) -> String {
+    format!("{pool}-workspace-{index}")
+}
+
+/// The shared (RWX) workspace PVC of a pool: `<name>-workspace`.
+pub fn shared_workspace(pool: &str) -> String {
+    format!("{pool}-workspace")
+}
+
+/// SandboxClaim `index` of a warm-pool pool: `claim-<name>-<index>`.
+pub fn claim(pool: &str, index: u32) -> String {
+    format!("claim-{pool}-{index}")
+}
+
+/// The PVC of a named context: `context-<name>`.
+pub fn context_claim(context: &str) -> String {
+    format!("context-{context}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_upstream() {
+        assert_eq!(selector("a"), "context.rossoctl.io/pool=a");
+        assert_eq!(sandbox("bugstone-1", 2), "sandbox-bugstone-1-2");
+        assert_eq!(dedicated_workspace("review", 0), "review-workspace-0");
+        assert_eq!(shared_workspace("bugstone-1"), "bugstone-1-workspace");
+        assert_eq!(claim("fast-run", 2), "claim-fast-run-2");
+        assert_eq!(context_claim("research"), "context-research");
+    }
+}

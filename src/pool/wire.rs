@@ -1,0 +1,230 @@
+//! The JSON documents of the pool and context API, field for field as the
+//! upstream Go service writes them (plus `reason`, `message` and
+//! `sandboxes`). Used by the API to answer and by the client to decode.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{ContextStatus, PoolStatus};
+use super::names;
+
+/// A sandbox pool (`GET /v1/sandbox-pools/{name}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pool {
+    /// Pool name.
+    pub name: String,
+    /// `provisioning`, `ready` or `failed`.
+    pub status: String,
+    /// Requested sandboxes.
+    pub replicas: u32,
+    /// Ready sandboxes.
+    pub ready_replicas: u32,
+    /// `context.rossoctl.io/pool=<name>`.
+    pub sandbox_selector: String,
+    /// The warm pool, for warm-pool pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_pool_ref: Option<String>,
+    /// The workspace.
+    pub workspace: PoolWorkspace,
+    /// Why the pool is `failed` (or stuck), from the Ready conditions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Detail of `reason`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The pool's sandboxes.
+    #[serde(default)]
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// The `workspace` object of a pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolWorkspace {
+    /// Size (`""` for warm pools).
+    #[serde(default)]
+    pub size: String,
+    /// Access mode (`""` for warm pools).
+    #[serde(default)]
+    pub access_mode: String,
+    /// StorageClass, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<String>,
+    /// The existing claim, for the existing-PVC strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+    /// Read-only flag, for the existing-PVC strategy (kept when `false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+}
+
+/// One member of a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sandbox {
+    /// Sandbox name.
+    pub name: String,
+    /// Pod name, once known (`null` on the local backend).
+    pub pod: Option<String>,
+    /// Whether it is ready.
+    pub ready: bool,
+}
+
+/// `GET /v1/sandbox-pools`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolList {
+    /// The caller's pools, by name.
+    pub items: Vec<Pool>,
+}
+
+impl From<&PoolStatus> for Pool {
+    fn from(s: &PoolStatus) -> Self {
+        Pool {
+            name: s.name.clone(),
+            status: s.phase.as_str().to_owned(),
+            replicas: s.replicas,
+            ready_replicas: s.ready_replicas,
+            sandbox_selector: names::selector(&s.name),
+            warm_pool_ref: s.strategy.warm_pool_ref().map(str::to_owned),
+            workspace: PoolWorkspace {
+                size: s.workspace.size.clone(),
+                access_mode: s.workspace.access_mode.clone(),
+                storage_class: s.workspace.storage_class.clone().filter(|c| !c.is_empty()),
+                claim_name: s.workspace.claim_name.clone().filter(|c| !c.is_empty()),
+                read_only: s.workspace.read_only,
+            },
+            reason: s.reason.clone(),
+            message: s.message.clone(),
+            sandboxes: s
+                .members
+                .iter()
+                .map(|m| Sandbox {
+                    name: m.name.clone(),
+                    pod: m.pod.clone(),
+                    ready: m.ready,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A create-pool request body, as `contextctl` sends it (upstream key order).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatePool {
+    /// Pool name.
+    pub name: String,
+    /// Number of sandboxes.
+    pub replicas: i64,
+    /// Warm pool, for the warm strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_pool_ref: Option<String>,
+    /// The workspace.
+    pub workspace: CreateWorkspace,
+}
+
+/// The `workspace` of a create-pool request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateWorkspace {
+    /// Size of managed workspaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
+    /// `ReadWriteOnce` (dedicated) or `ReadWriteMany` (shared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<String>,
+    /// StorageClass of managed workspaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<String>,
+    /// Existing claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+    /// Read-only mount of the existing claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+}
+
+/// A named context resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Context {
+    /// Context name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// `workspace`, `memory`, `knowledge` or `artifacts`.
+    #[serde(rename = "type")]
+    pub context_type: String,
+    /// `provisioning` or `ready`.
+    pub status: String,
+    /// The storage.
+    pub storage: ContextStorage,
+    /// How to attach it.
+    pub attachment: Attachment,
+}
+
+/// The `storage` object of a context (also of a create-context request).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextStorage {
+    /// Always `pvc`.
+    pub backend: String,
+    /// Size.
+    pub size: String,
+    /// Access mode.
+    pub access_mode: String,
+    /// StorageClass, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<String>,
+}
+
+/// The `attachment` object of a context: pass `claimName` as a pool's
+/// `workspace.claimName` (in the service namespace).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    /// Always `pvc`; a discriminator for future kinds.
+    pub kind: String,
+    /// The volume's name, `context-<name>`.
+    pub claim_name: String,
+}
+
+/// `GET /v1/namespaces/{ns}/contexts`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextList {
+    /// The caller's contexts, by name.
+    pub items: Vec<Context>,
+}
+
+/// A create-context request body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateContext {
+    /// Context name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Type.
+    #[serde(rename = "type")]
+    pub context_type: String,
+    /// Storage.
+    pub storage: ContextStorage,
+}
+
+impl From<&ContextStatus> for Context {
+    fn from(s: &ContextStatus) -> Self {
+        Context {
+            name: s.name.clone(),
+            namespace: s.namespace.clone(),
+            context_type: s.context_type.as_str().to_owned(),
+            status: s.phase.as_str().to_owned(),
+            storage: ContextStorage {
+                backend: "pvc".to_owned(),
+                size: s.size.clone(),
+                access_mode: s.access_mode.clone(),
+                storage_class: s.storage_class.clone().filter(|c| !c.is_empty()),
+            },
+            attachment: Attachment {
+                kind: "pvc".to_owned(),
+                claim_name: s.claim_name.clone(),
+            },
+        }
+    }
+}
