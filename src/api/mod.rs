@@ -1,9 +1,9 @@
 //! HTTP routers, one module per resource. Handlers are thin: they extract,
 //! authorise, call a service and map the result.
 
+mod body;
 mod contexts;
 mod health;
-mod body;
 pub mod json;
 mod pools;
 mod workloads;
