@@ -62,6 +62,7 @@ impl AppState {
             .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
         let pools = Arc::new(PoolService::new(backend));
         let workloads = build_workloads(config).await?;
+        metrics.with_registry(|r| workloads.metrics().register(r));
         Ok(Self {
             auth,
             owner_scope,

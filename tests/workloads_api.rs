@@ -348,6 +348,23 @@ async fn upload_errors() {
         .await
         .unwrap();
     assert_error(resp, 404, "workload_not_found", "nope").await;
+
+    // Rejections are counted by reason on /metrics.
+    let metrics = http
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "context_service_bundle_rejections_total{reason=\"path_traversal\"} 1",
+        "context_service_bundle_rejections_total{reason=\"upload_too_large\"} 1",
+        "context_service_bundle_uploads_total 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
 }
 
 #[tokio::test]
@@ -739,6 +756,26 @@ async fn downloads_ranges_and_conditional_requests() {
     assert_eq!(
         get(&[]).await.unwrap().bytes().await.unwrap().to_vec(),
         bytes
+    );
+    let metrics = http
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("context_service_bundle_downloads_total{source=\"memory\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("context_service_bundle_cache_loads 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("context_service_bundle_cache_hits 1"),
+        "{metrics}"
     );
 
     let resp = get(&[("if-none-match", etag.clone())]).await.unwrap();

@@ -11,10 +11,12 @@
 //! same bytes is never collected between its rename and its commit.
 
 mod error;
+mod metrics;
 pub mod names;
 mod view;
 
 pub use error::WorkloadError;
+pub use metrics::WorkloadMetrics;
 pub use view::{rfc3339, RevisionView, UploadGrantView, WorkloadView, BUNDLE_MEDIA_TYPE};
 
 use std::collections::HashSet;
@@ -111,6 +113,7 @@ struct Inner {
     cache: Arc<BundleCache>,
     settings: WorkloadSettings,
     spool_dir: PathBuf,
+    metrics: WorkloadMetrics,
     /// Held while a blob is made durable and named, and while unnamed blobs
     /// are collected.
     gc: Mutex<()>,
@@ -164,6 +167,7 @@ impl WorkloadService {
                     cache,
                     settings,
                     spool_dir,
+                    metrics: WorkloadMetrics::default(),
                     gc: Mutex::new(()),
                 }),
             };
@@ -176,6 +180,11 @@ impl WorkloadService {
     /// The settings in force.
     pub fn settings(&self) -> &WorkloadSettings {
         &self.inner.settings
+    }
+
+    /// The service's metrics (register them on the process registry).
+    pub fn metrics(&self) -> &WorkloadMetrics {
+        &self.inner.metrics
     }
 
     /// The bundle cache.
@@ -345,11 +354,17 @@ impl WorkloadService {
         let report = match result {
             Ok(r) => r,
             Err(_) if over.load(Ordering::Acquire) => {
+                self.inner.metrics.rejected("upload_too_large");
                 return Err(WorkloadError::TooLarge(format!(
                     "the upload exceeds the limit of {max} bytes"
-                )))
+                )));
             }
-            Err(e) => return Err(classify_bundle_error(e)),
+            Err(e) => {
+                if e.is_rejection() {
+                    self.inner.metrics.rejected(e.code());
+                }
+                return Err(classify_bundle_error(e));
+            }
         };
         let revision = RevisionRecord {
             revision: report.revision,
@@ -364,6 +379,7 @@ impl WorkloadService {
         let inner = self.inner.clone();
         let stored = revision.clone();
         blocking(move || inner.commit_upload(&ticket, temp, stored)).await?;
+        self.inner.metrics.uploaded();
         Ok(RevisionView::of(&name, &revision))
     }
 
@@ -462,7 +478,11 @@ impl WorkloadService {
             .get(&revision.bundle_digest, revision.bytes, &path)
             .await
         {
-            Ok(b) => Ok(b),
+            Ok(b) => {
+                self.inner.metrics.downloaded(b.is_memory());
+                self.inner.metrics.cache(self.inner.cache.stats());
+                Ok(b)
+            }
             // Deleted between lookup and open.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 Err(WorkloadError::NotFound(name.to_owned()))
@@ -480,7 +500,9 @@ impl WorkloadService {
     pub async fn delete(&self, owner: &str, name: &str) -> Result<(), WorkloadError> {
         let inner = self.inner.clone();
         let (owner, name) = (owner.to_owned(), name.to_owned());
-        blocking(move || inner.delete(&owner, &name)).await
+        blocking(move || inner.delete(&owner, &name)).await?;
+        self.inner.metrics.cache(self.inner.cache.stats());
+        Ok(())
     }
 }
 
