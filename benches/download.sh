@@ -10,6 +10,7 @@
 # Installs wrk and nginx with apt-get when missing. Everything runs as this
 # user on 127.0.0.1 and is removed at the end.
 set -euo pipefail
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
 DURATION="${DURATION:-5}"
@@ -35,7 +36,14 @@ TARGET="${CARGO_TARGET_DIR:-target}/release"
 SERVICE="$TARGET/context-service"
 CTL="$TARGET/contextctl"
 
-WORK="$(mktemp -d /tmp/cs-bench.XXXXXX)"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/cs-bench.XXXXXX")"
+# 8 x 256 MiB bundles, their sources and transient packs need ~4 GiB.
+free_kb=$(df -Pk "$WORK" | awk 'NR == 2 {print $4}')
+if [ "$free_kb" -lt $((4 * 1024 * 1024)) ]; then
+  echo "need 4 GiB free under $WORK, have $((free_kb / 1024)) MiB" >&2
+  rmdir "$WORK"
+  exit 1
+fi
 CS_PID=""
 NGINX_PID=""
 cleanup() {
@@ -75,7 +83,11 @@ ctl() { "$CTL" --url "$URL" --data-dir "$CS_DATA_DIR" "$@"; }
 publish() {
   ctl workload create "$1" >/dev/null
   local rev
-  rev="$(ctl workload upload "$1" "$2")"
+  rev="$(ctl workload upload "$1" "$2")" || {
+    echo "uploading $1 failed; service log:" >&2
+    tail -5 "$WORK/service.log" >&2
+    exit 1
+  }
   ctl workload activate "$1" "$rev" >/dev/null
   echo "$rev"
 }
@@ -181,6 +193,11 @@ TOKEN="$(ctl token)"
 RSS_IDLE=$(awk '/VmRSS/ {print $2}' "/proc/$CS_PID/status")
 wrk -t2 -c32 -d"$((DURATION * 2))s" --timeout 60s -H "Authorization: Bearer $TOKEN" -s "$LUA" "$URL" >"$WORK/wrk-256.txt"
 PEAK_KB=$(awk '/VmHWM/ {print $2}' "/proc/$CS_PID/status")
+if grep -q "Non-2xx" "$WORK/wrk-256.txt"; then
+  echo "downloads failed:" >&2
+  cat "$WORK/wrk-256.txt" >&2
+  exit 1
+fi
 MBS=$(transfer_mbs <"$WORK/wrk-256.txt")
 REQS=$(awk '/requests in/ {print $1}' "$WORK/wrk-256.txt")
 LIMIT_KB=$(( (CACHE_MIB + 128) * 1024 ))
