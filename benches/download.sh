@@ -154,8 +154,15 @@ echo "== download throughput: cached $((SIZE64 / 1048576)) MiB bundle, ${DURATIO
 printf "%-8s %18s %14s %8s\n" clients context-service nginx ratio
 for c in 1 8 32; do
   t=$(( c < 2 ? 1 : 2 ))
-  cs=$(wrk -t"$t" -c"$c" -d"${DURATION}s" -H "Authorization: Bearer $TOKEN" "$URL$DL_PATH" | transfer_mbs)
-  ng=$(wrk -t"$t" -c"$c" -d"${DURATION}s" "http://127.0.0.1:$NGINX_PORT/bundle.tar.gz" | transfer_mbs)
+  wrk -t"$t" -c"$c" -d"${DURATION}s" -H "Authorization: Bearer $TOKEN" "$URL$DL_PATH" >"$WORK/wrk-cs.txt"
+  wrk -t"$t" -c"$c" -d"${DURATION}s" "http://127.0.0.1:$NGINX_PORT/bundle.tar.gz" >"$WORK/wrk-ng.txt"
+  if grep -q "Non-2xx" "$WORK/wrk-cs.txt" "$WORK/wrk-ng.txt"; then
+    echo "downloads failed:" >&2
+    cat "$WORK/wrk-cs.txt" "$WORK/wrk-ng.txt" >&2
+    exit 1
+  fi
+  cs=$(transfer_mbs <"$WORK/wrk-cs.txt")
+  ng=$(transfer_mbs <"$WORK/wrk-ng.txt")
   ratio=$(awk -v a="$cs" -v b="$ng" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
   printf "%-8s %13s MB/s %9s MB/s %8s\n" "$c" "$cs" "$ng" "$ratio"
 done
