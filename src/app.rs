@@ -12,6 +12,7 @@ use crate::config::ServeConfig;
 use crate::fsutil;
 use crate::metrics::Metrics;
 use crate::pool::PoolService;
+use crate::workload::WorkloadService;
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -24,6 +25,14 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Sandbox pools and named contexts.
     pub pools: Arc<PoolService>,
+    /// Workloads, revisions, uploads and downloads.
+    pub workloads: WorkloadService,
+}
+
+impl FromRef<AppState> for WorkloadService {
+    fn from_ref(state: &AppState) -> Self {
+        state.workloads.clone()
+    }
 }
 
 impl FromRef<AppState> for Metrics {
@@ -52,11 +61,14 @@ impl AppState {
             .await
             .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
         let pools = Arc::new(PoolService::new(backend));
+        let workloads = build_workloads(config).await?;
+        metrics.with_registry(|r| workloads.metrics().register(r));
         Ok(Self {
             auth,
             owner_scope,
             metrics,
             pools,
+            workloads,
         })
     }
 }
@@ -87,4 +99,23 @@ fn build_authenticator(config: &ServeConfig) -> anyhow::Result<Authenticator> {
         keys.set_hs256_secret(&trimmed)?;
     }
     Ok(Authenticator::new(keys, policy))
+}
+
+/// Opens the embedded store and runs start-up recovery.
+async fn build_workloads(config: &ServeConfig) -> anyhow::Result<WorkloadService> {
+    let cache = Arc::new(crate::cache::BundleCache::new(config.cache_bytes));
+    let (service, report) =
+        WorkloadService::open(&config.data_dir, config.workload_settings(), cache)
+            .await
+            .context("opening the workload store")?;
+    if report != Default::default() {
+        tracing::warn!(
+            temp_files_removed = report.temp_files_removed,
+            failed = ?report.failed,
+            deletes_finished = report.deletes_finished,
+            orphan_blobs_removed = report.orphan_blobs_removed,
+            "start-up recovery"
+        );
+    }
+    Ok(service)
 }

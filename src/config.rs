@@ -103,6 +103,34 @@ pub struct ServeConfig {
     /// label domains; `false` for a stock controller.
     #[arg(long, env = "CS_CLAIM_POD_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub kube_claim_pod_label: bool,
+
+    /// Most workloads per owner.
+    #[arg(long, env = "CS_WORKLOAD_QUOTA", default_value_t = 20)]
+    pub workload_quota: usize,
+
+    /// Lifetime of a one-time upload grant, e.g. `5m`.
+    #[arg(long, env = "CS_UPLOAD_GRANT_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub upload_grant_ttl: std::time::Duration,
+
+    /// Byte budget of the in-memory bundle cache (512 MiB by default).
+    #[arg(long, env = "CS_CACHE_BYTES", default_value_t = 512 * 1024 * 1024)]
+    pub cache_bytes: u64,
+
+    /// Largest compressed bundle upload, in bytes (256 MiB by default).
+    #[arg(long, env = "CS_BUNDLE_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub bundle_max_bytes: u64,
+
+    /// Most bytes a bundle may inflate to (1.25 GiB by default).
+    #[arg(long, env = "CS_BUNDLE_MAX_INFLATED_BYTES", default_value_t = 1280 * 1024 * 1024)]
+    pub bundle_max_inflated_bytes: u64,
+
+    /// Most entries (files and directories) in a bundle.
+    #[arg(long, env = "CS_BUNDLE_MAX_ENTRIES", default_value_t = 10_000)]
+    pub bundle_max_entries: u64,
+
+    /// Largest single file in a bundle, in bytes (256 MiB by default).
+    #[arg(long, env = "CS_BUNDLE_MAX_FILE_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub bundle_max_file_bytes: u64,
 }
 
 impl ServeConfig {
@@ -118,6 +146,21 @@ impl ServeConfig {
         config.data_dir = data_dir;
         config.listen = listen;
         config
+    }
+
+    /// The workload service's settings.
+    pub fn workload_settings(&self) -> crate::workload::WorkloadSettings {
+        crate::workload::WorkloadSettings {
+            quota: self.workload_quota,
+            grant_ttl: self.upload_grant_ttl,
+            limits: crate::bundle::Limits {
+                compressed_bytes: self.bundle_max_bytes,
+                inflated_bytes: self.bundle_max_inflated_bytes,
+                entries: self.bundle_max_entries,
+                file_bytes: self.bundle_max_file_bytes,
+                ..crate::bundle::Limits::default()
+            },
+        }
     }
 
     /// The token policy these settings describe.

@@ -1,10 +1,12 @@
 //! HTTP routers, one module per resource. Handlers are thin: they extract,
 //! authorise, call a service and map the result.
 
+mod body;
 mod contexts;
 mod health;
 pub mod json;
 mod pools;
+mod workloads;
 
 use axum::routing::get;
 use axum::{middleware, Router};
@@ -19,6 +21,7 @@ pub fn router(state: AppState) -> Router {
         .merge(health::router())
         .merge(pools::router())
         .merge(contexts::router())
+        .merge(workloads::router())
         .route("/metrics", get(metrics::render))
         // Last, so it wraps every route above.
         .route_layer(middleware::from_fn_with_state(

@@ -47,6 +47,9 @@ enum Command {
     Ls,
     /// Named contexts: standalone volumes (workspace, memory, knowledge, artifacts).
     Context(ContextArgs),
+    /// Create, upload, activate, inspect, download and delete workloads.
+    #[command(alias = "workloads")]
+    Workload(cli::workload::WorkloadArgs),
 }
 
 #[tokio::main]
@@ -68,6 +71,7 @@ async fn main() -> ExitCode {
         Command::Rm(args) => pool::rm(args, &cli.conn, cli.output).await,
         Command::Ls => pool::ls(&cli.conn, cli.output).await,
         Command::Context(args) => cli::context::run(args, &cli.conn, cli.output).await,
+        Command::Workload(args) => cli::workload::run(args, &cli.conn, cli.output).await,
     };
     result.unwrap_or_else(|e| cli::fail(&e))
 }

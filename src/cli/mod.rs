@@ -32,6 +32,7 @@ pub fn fail(err: &anyhow::Error) -> ExitCode {
 pub mod context;
 pub mod pool;
 pub mod token;
+pub mod workload;
 
 use std::path::PathBuf;
 

@@ -10,6 +10,8 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ErrorBody;
 
+pub mod workloads;
+
 /// Default service URL when none is configured.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";
 

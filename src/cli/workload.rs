@@ -1,0 +1,288 @@
+//! `contextctl workload create|upload|activate|get|ls|download|rm`.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::{print_json, ConnectionArgs, OutputFormat};
+use crate::bundle::{self, CanonicalOptions, Limits};
+use crate::client::Client;
+use crate::workload::WorkloadView;
+
+/// `contextctl workload ...`.
+#[derive(Debug, clap::Args)]
+pub struct WorkloadArgs {
+    #[command(subcommand)]
+    command: WorkloadCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum WorkloadCommand {
+    /// Create a workload (prints its name; `--output json` also shows the upload grant).
+    Create {
+        /// Name: lowercase letters, digits and '-', at most 50 [default: wl-<8 hex>].
+        name: Option<String>,
+        /// Context type: workspace, state, memory, knowledge or artifacts.
+        #[arg(long = "type", short = 't')]
+        kind: Option<String>,
+    },
+    /// Upload a directory (packed here) or a bundle file; prints the revision.
+    Upload {
+        /// The workload.
+        name: String,
+        /// A directory, or a gzip-compressed tar.
+        path: PathBuf,
+    },
+    /// Freeze a revision [default: the last uploaded one].
+    Activate {
+        /// The workload.
+        name: String,
+        /// The revision (64 hex digits).
+        revision: Option<String>,
+    },
+    /// Show a workload.
+    Get {
+        /// The workload.
+        name: String,
+    },
+    /// List your workloads.
+    #[command(alias = "list")]
+    Ls,
+    /// Download the frozen revision, verifying its digests while writing.
+    Download {
+        /// The workload.
+        name: String,
+        /// The revision [default: the active one].
+        #[arg(long)]
+        revision: Option<String>,
+        /// Output file [default: <name>-<revision prefix>.tar.gz].
+        #[arg(long = "file", short = 'f')]
+        file: Option<PathBuf>,
+    },
+    /// Delete a workload and its bundles.
+    #[command(alias = "delete")]
+    Rm {
+        /// The workload.
+        name: String,
+    },
+}
+
+/// Runs `contextctl workload`.
+pub async fn run(
+    args: WorkloadArgs,
+    conn: &ConnectionArgs,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let client = conn.settings().client()?;
+    match args.command {
+        WorkloadCommand::Create { name, kind } => {
+            let view = client
+                .create_workload(name.as_deref(), kind.as_deref())
+                .await?;
+            match output {
+                OutputFormat::Json => print_json(&view)?,
+                OutputFormat::Text => println!("{}", view.name),
+            }
+        }
+        WorkloadCommand::Upload { name, path } => upload(&client, &name, &path, output).await?,
+        WorkloadCommand::Activate { name, revision } => {
+            let revision = match revision {
+                Some(r) => r,
+                None => client
+                    .workload(&name)
+                    .await?
+                    .candidate_revision
+                    .with_context(|| {
+                        format!("workload {name} has no uploaded revision waiting; upload first or name a revision")
+                    })?,
+            };
+            let view = client.activate_workload(&name, &revision).await?;
+            match output {
+                OutputFormat::Json => print_json(&view)?,
+                OutputFormat::Text => println!("{} {} {}", view.name, view.status, revision),
+            }
+        }
+        WorkloadCommand::Get { name } => {
+            let view = client.workload(&name).await?;
+            match output {
+                OutputFormat::Json => print_json(&view)?,
+                OutputFormat::Text => print_view(&view),
+            }
+        }
+        WorkloadCommand::Ls => {
+            let list = client.workloads().await?;
+            match output {
+                OutputFormat::Json => print_json(&list)?,
+                OutputFormat::Text => print_table(&list),
+            }
+        }
+        WorkloadCommand::Download {
+            name,
+            revision,
+            file,
+        } => {
+            let revision = match revision {
+                Some(r) => r,
+                None => client.workload(&name).await?.revision.with_context(|| {
+                    format!("workload {name} is not active yet; activate a revision first")
+                })?,
+            };
+            let out = file.unwrap_or_else(|| {
+                PathBuf::from(format!(
+                    "{name}-{}.tar.gz",
+                    &revision[..revision.len().min(12)]
+                ))
+            });
+            let bar = progress_bar(output, None);
+            let report = client
+                .download_bundle(&name, &revision, &out, |done, total| {
+                    if let Some(t) = total {
+                        bar.set_length(t);
+                    }
+                    bar.set_position(done);
+                })
+                .await;
+            bar.finish_and_clear();
+            let report = report?;
+            match output {
+                OutputFormat::Json => print_json(&report)?,
+                OutputFormat::Text => println!(
+                    "{} ({} bytes, sha256:{} verified)",
+                    report.path.display(),
+                    report.bytes,
+                    report.bundle_digest
+                ),
+            }
+        }
+        WorkloadCommand::Rm { name } => {
+            client.delete_workload(&name).await?;
+            match output {
+                OutputFormat::Json => {
+                    print_json(&serde_json::json!({"name": name, "deleted": true}))?
+                }
+                OutputFormat::Text => println!("deleted {name}"),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A byte progress bar on stderr, hidden unless stderr is a terminal and
+/// the output is text.
+fn progress_bar(output: OutputFormat, len: Option<u64>) -> ProgressBar {
+    if output == OutputFormat::Json || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len.unwrap_or(0));
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
+
+async fn upload(
+    client: &Client,
+    name: &str,
+    path: &Path,
+    output: OutputFormat,
+) -> anyhow::Result<()> {
+    let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    // A directory is packed into the canonical bundle first, so the upload
+    // can show its size and be retried from the same bytes.
+    let packed;
+    let file: &Path = if meta.is_dir() {
+        let temp = tempfile::Builder::new()
+            .prefix(".contextctl-pack-")
+            .suffix(".tar.gz")
+            .tempfile()
+            .context("creating a temp file for the bundle")?;
+        let dir = path.to_owned();
+        let writer = temp
+            .as_file()
+            .try_clone()
+            .context("opening the temp bundle")?;
+        tokio::task::spawn_blocking(move || {
+            bundle::pack_dir(
+                &dir,
+                &Limits::default(),
+                &CanonicalOptions::default(),
+                std::io::BufWriter::new(writer),
+            )
+        })
+        .await
+        .context("packing task failed")?
+        .map_err(|e| anyhow::anyhow!("packing {}: {e}", path.display()))?;
+        packed = temp;
+        packed.path()
+    } else {
+        path
+    };
+    let len = std::fs::metadata(file)
+        .with_context(|| format!("{}", file.display()))?
+        .len();
+    let bar = progress_bar(output, Some(len));
+    let shown = bar.clone();
+    let result = client
+        .upload_bundle_file(name, file, move |sent| shown.set_position(sent))
+        .await;
+    bar.finish_and_clear();
+    let rev = result?;
+    match output {
+        OutputFormat::Json => print_json(&rev)?,
+        OutputFormat::Text => println!("{}", rev.revision),
+    }
+    Ok(())
+}
+
+fn print_view(v: &WorkloadView) {
+    let mut rows: Vec<(&str, String)> = vec![
+        ("name", v.name.clone()),
+        ("type", v.kind.clone()),
+        ("status", v.status.clone()),
+    ];
+    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    rows.push(("revision", opt(&v.revision)));
+    if v.candidate_revision.is_some() {
+        rows.push(("candidate", opt(&v.candidate_revision)));
+    }
+    if let Some(d) = &v.bundle_digest {
+        rows.push(("bundleDigest", d.clone()));
+    }
+    if let (Some(f), Some(b)) = (v.files, v.bytes) {
+        rows.push(("files", f.to_string()));
+        rows.push(("bytes", b.to_string()));
+    }
+    if let Some(r) = &v.reason {
+        rows.push(("reason", r.clone()));
+    }
+    rows.push(("created", v.created_at.clone()));
+    rows.push(("updated", v.updated_at.clone()));
+    for (k, val) in rows {
+        println!("{k:<13}{val}");
+    }
+}
+
+fn print_table(list: &[WorkloadView]) {
+    println!(
+        "{:<30} {:<10} {:<16} {:<14} {:>12}",
+        "NAME", "TYPE", "STATUS", "REVISION", "BYTES"
+    );
+    for v in list {
+        let rev = v
+            .revision
+            .as_deref()
+            .or(v.candidate_revision.as_deref())
+            .map(|r| r[..r.len().min(12)].to_owned())
+            .unwrap_or_else(|| "-".into());
+        let bytes = v.bytes.map(|b| b.to_string()).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<30} {:<10} {:<16} {:<14} {:>12}",
+            v.name, v.kind, v.status, rev, bytes
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! Content-addressed bundle files: `<root>/sha256/<2 hex>/<64 hex>`.
+//!
+//! A new blob is written to a temp file (prefix [`TEMP_PREFIX`]) in
+//! `<root>/sha256/`, fsynced, renamed into place and the directory fsynced,
+//! so a crash leaves either the whole blob or a temp file that startup
+//! removes.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::fsutil::{self, TEMP_PREFIX};
+
+/// The blob directory.
+#[derive(Debug, Clone)]
+pub struct BlobStore {
+    dir: PathBuf,
+}
+
+/// A blob being written. Dropping it without [`BlobStore::persist`] deletes
+/// the file, so nothing of a failed upload stays on disk.
+#[derive(Debug)]
+pub struct TempBlob {
+    file: tempfile::NamedTempFile,
+}
+
+impl TempBlob {
+    /// A second handle to write through (e.g. on a blocking thread).
+    pub fn writer(&self) -> io::Result<File> {
+        self.file.as_file().try_clone()
+    }
+
+    /// The temp file's path.
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+}
+
+/// Whether `digest` is 64 lowercase hex digits (and so a safe file name).
+pub fn is_digest(digest: &str) -> bool {
+    digest.len() == 64
+        && digest
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn bad_digest(digest: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("not a sha256 digest: {digest:?}"),
+    )
+}
+
+impl BlobStore {
+    /// Opens (creating) the blob store under `root`.
+    pub fn open(root: &Path) -> io::Result<Self> {
+        let dir = root.join("sha256");
+        fsutil::ensure_dir(&dir, 0o700)?;
+        Ok(Self { dir })
+    }
+
+    /// Where the blob `digest` lives.
+    pub fn path(&self, digest: &str) -> io::Result<PathBuf> {
+        if !is_digest(digest) {
+            return Err(bad_digest(digest));
+        }
+        Ok(self.dir.join(&digest[..2]).join(digest))
+    }
+
+    /// Whether the blob `digest` exists.
+    pub fn exists(&self, digest: &str) -> bool {
+        self.path(digest).map(|p| p.is_file()).unwrap_or(false)
+    }
+
+    /// A fresh temp file on the same filesystem as the blobs.
+    pub fn temp(&self) -> io::Result<TempBlob> {
+        let file = tempfile::Builder::new()
+            .prefix(TEMP_PREFIX)
+            .tempfile_in(&self.dir)?;
+        Ok(TempBlob { file })
+    }
+
+    /// Makes `temp` durable as the blob `digest` (fsync, rename, directory
+    /// fsync). An existing blob with that digest has the same bytes and is
+    /// kept. Blocking.
+    pub fn persist(&self, temp: TempBlob, digest: &str) -> io::Result<PathBuf> {
+        let target = self.path(digest)?;
+        let parent = target.parent().ok_or_else(|| bad_digest(digest))?;
+        temp.file.as_file().sync_all()?;
+        if !parent.is_dir() {
+            fsutil::ensure_dir(parent, 0o700)?;
+            fsutil::sync_dir(&self.dir)?;
+        }
+        if target.is_file() {
+            // Same digest, same bytes: the temp file is dropped (deleted).
+            return Ok(target);
+        }
+        temp.file.persist(&target).map_err(|e| e.error)?;
+        fsutil::sync_dir(parent)?;
+        Ok(target)
+    }
+
+    /// Deletes the blob `digest` (absent is fine). Blocking.
+    pub fn remove(&self, digest: &str) -> io::Result<()> {
+        let path = self.path(digest)?;
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                if let Some(parent) = path.parent() {
+                    fsutil::sync_dir(parent)?;
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every stored blob's digest. Blocking.
+    pub fn digests(&self) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for shard in fs::read_dir(&self.dir)? {
+            let shard = shard?;
+            if !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for entry in fs::read_dir(shard.path())? {
+                let name = entry?.file_name();
+                if let Some(name) = name.to_str().filter(|n| is_digest(n)) {
+                    out.push(name.to_owned());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes temp files a crash left behind (at the top level and in the
+    /// shards); returns their paths. Blocking; call before serving.
+    pub fn remove_temp_files(&self) -> io::Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        let mut dirs = vec![self.dir.clone()];
+        for shard in fs::read_dir(&self.dir)? {
+            let shard = shard?;
+            if shard.file_type()?.is_dir() {
+                dirs.push(shard.path());
+            }
+        }
+        for dir in dirs {
+            for entry in fs::read_dir(&dir)? {
+                let entry = entry?;
+                if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
+                    && entry.file_type()?.is_file()
+                {
+                    fs::remove_file(entry.path())?;
+                    removed.push(entry.path());
+                }
+            }
+            if !removed.is_empty() {
+                fsutil::sync_dir(&dir)?;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const D: &str = "ab00000000000000000000000000000000000000000000000000000000000001";
+
+    #[test]
+    fn persist_is_content_addressed_and_temps_are_cleaned() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::open(dir.path()).unwrap();
+        let temp = blobs.temp().unwrap();
+        temp.writer().unwrap().write_all(b"bundle").unwrap();
+        let path = blobs.persist(temp, D).unwrap();
+        assert!(path.ends_with(format!("sha256/ab/{D}")));
+        assert_eq!(fs::read(&path).unwrap(), b"bundle");
+        assert_eq!(blobs.digests().unwrap(), vec![D.to_owned()]);
+
+        // A dropped temp blob leaves nothing; a crash's leftovers are removed.
+        let dropped = blobs.temp().unwrap();
+        let dropped_path = dropped.path().to_owned();
+        drop(dropped);
+        assert!(!dropped_path.exists());
+        fs::write(dir.path().join("sha256").join(".tmp-crash"), b"x").unwrap();
+        fs::write(dir.path().join("sha256/ab").join(".tmp-crash2"), b"x").unwrap();
+        assert_eq!(blobs.remove_temp_files().unwrap().len(), 2);
+        assert!(blobs.exists(D));
+        blobs.remove(D).unwrap();
+        blobs.remove(D).unwrap();
+        assert!(!blobs.exists(D));
+    }
+
+    #[test]
+    fn refuses_paths_that_are_not_digests() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::open(dir.path()).unwrap();
+        assert!(blobs.path("../../etc/passwd").is_err());
+        assert!(blobs.path(&D.to_uppercase()).is_err());
+        assert!(!blobs.exists("zz"));
+    }
+}

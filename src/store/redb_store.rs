@@ -1,0 +1,337 @@
+//! [`MetadataStore`] on redb: one file, ACID transactions, fsync on commit.
+
+use std::path::Path;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use super::{GrantRecord, MetadataStore, StoreError, WorkloadRecord};
+
+/// Workloads by [`workload_key`]; values are JSON records.
+const WORKLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("workloads");
+/// Grants by public id; values are JSON records.
+const GRANTS: TableDefinition<&str, &[u8]> = TableDefinition::new("grants");
+
+/// The redb-backed metadata store.
+#[derive(Debug)]
+pub struct RedbStore {
+    db: Database,
+}
+
+fn db_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Database(e.to_string())
+}
+
+/// Owner prefix of a key: the owner's length first, so no owner's prefix is
+/// a prefix of another owner's keys whatever characters names contain.
+fn owner_prefix(owner: &str) -> String {
+    format!("{:08x}{owner}", owner.len())
+}
+
+fn workload_key(owner: &str, name: &str) -> String {
+    format!("{}/{name}", owner_prefix(owner))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        key: key.to_owned(),
+        detail: e.to_string(),
+    })
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(db_err)
+}
+
+impl RedbStore {
+    /// Opens (or creates) the database file at `path`.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Database::create(path).map_err(db_err)?;
+        // Create the tables up front so read transactions never miss them.
+        let txn = db.begin_write().map_err(db_err)?;
+        txn.open_table(WORKLOADS).map_err(db_err)?;
+        txn.open_table(GRANTS).map_err(db_err)?;
+        txn.commit().map_err(db_err)?;
+        Ok(Self { db })
+    }
+
+    fn scan(&self, prefix: &str) -> Result<Vec<WorkloadRecord>, StoreError> {
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(WORKLOADS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for item in table.range::<&str>(prefix..).map_err(db_err)? {
+            let (k, v) = item.map_err(db_err)?;
+            if !k.value().starts_with(prefix) {
+                break;
+            }
+            out.push(decode(k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+}
+
+impl MetadataStore for RedbStore {
+    fn insert_workload(
+        &self,
+        record: &WorkloadRecord,
+        grant: &GrantRecord,
+        quota: usize,
+    ) -> Result<(), StoreError> {
+        let key = workload_key(&record.owner, &record.name);
+        let prefix = format!("{}/", owner_prefix(&record.owner));
+        let txn = self.db.begin_write().map_err(db_err)?;
+        {
+            let mut table = txn.open_table(WORKLOADS).map_err(db_err)?;
+            if table.get(key.as_str()).map_err(db_err)?.is_some() {
+                return Err(StoreError::NameTaken);
+            }
+            let mut count = 0usize;
+            for item in table.range::<&str>(prefix.as_str()..).map_err(db_err)? {
+                let (k, _) = item.map_err(db_err)?;
+                if !k.value().starts_with(prefix.as_str()) {
+                    break;
+                }
+                count += 1;
+            }
+            if count >= quota {
+                return Err(StoreError::QuotaExceeded(quota));
+            }
+            let mut stored = record.clone();
+            stored.version = 1;
+            table
+                .insert(key.as_str(), encode(&stored)?.as_slice())
+                .map_err(db_err)?;
+            let mut grants = txn.open_table(GRANTS).map_err(db_err)?;
+            grants
+                .insert(grant.id.as_str(), encode(grant)?.as_slice())
+                .map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)
+    }
+
+    fn workload(&self, owner: &str, name: &str) -> Result<Option<WorkloadRecord>, StoreError> {
+        let key = workload_key(owner, name);
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(WORKLOADS).map_err(db_err)?;
+        let value = table.get(key.as_str()).map_err(db_err)?;
+        value.map(|v| decode(&key, v.value())).transpose()
+    }
+
+    fn workloads_of(&self, owner: &str) -> Result<Vec<WorkloadRecord>, StoreError> {
+        self.scan(&format!("{}/", owner_prefix(owner)))
+    }
+
+    fn all_workloads(&self) -> Result<Vec<WorkloadRecord>, StoreError> {
+        self.scan("")
+    }
+
+    fn replace_workload(
+        &self,
+        record: &WorkloadRecord,
+        consume_grant: Option<&str>,
+    ) -> Result<WorkloadRecord, StoreError> {
+        let key = workload_key(&record.owner, &record.name);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let mut stored = record.clone();
+        {
+            let mut table = txn.open_table(WORKLOADS).map_err(db_err)?;
+            let current: WorkloadRecord = match table.get(key.as_str()).map_err(db_err)? {
+                None => return Err(StoreError::NotFound),
+                Some(v) => decode(&key, v.value())?,
+            };
+            if current.version != record.version || current.uid != record.uid {
+                return Err(StoreError::Conflict);
+            }
+            if let Some(id) = consume_grant {
+                let mut grants = txn.open_table(GRANTS).map_err(db_err)?;
+                if grants.remove(id).map_err(db_err)?.is_none() {
+                    return Err(StoreError::GrantUsed);
+                }
+            }
+            stored.version = current.version + 1;
+            table
+                .insert(key.as_str(), encode(&stored)?.as_slice())
+                .map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(stored)
+    }
+
+    fn remove_workload(&self, owner: &str, name: &str, version: u64) -> Result<(), StoreError> {
+        let key = workload_key(owner, name);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        {
+            let mut table = txn.open_table(WORKLOADS).map_err(db_err)?;
+            let current: WorkloadRecord = match table.get(key.as_str()).map_err(db_err)? {
+                None => return Err(StoreError::NotFound),
+                Some(v) => decode(&key, v.value())?,
+            };
+            if current.version != version {
+                return Err(StoreError::Conflict);
+            }
+            table.remove(key.as_str()).map_err(db_err)?;
+            let mut grants = txn.open_table(GRANTS).map_err(db_err)?;
+            grants
+                .retain(|_, v| {
+                    serde_json::from_slice::<GrantRecord>(v)
+                        .map(|g| g.workload_uid != current.uid)
+                        .unwrap_or(false)
+                })
+                .map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)
+    }
+
+    fn insert_grant(&self, grant: &GrantRecord) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(db_err)?;
+        {
+            let mut grants = txn.open_table(GRANTS).map_err(db_err)?;
+            grants
+                .insert(grant.id.as_str(), encode(grant)?.as_slice())
+                .map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)
+    }
+
+    fn grant(&self, id: &str) -> Result<Option<GrantRecord>, StoreError> {
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(GRANTS).map_err(db_err)?;
+        let value = table.get(id).map_err(db_err)?;
+        value.map(|v| decode(id, v.value())).transpose()
+    }
+
+    fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let mut removed = 0usize;
+        {
+            let mut grants = txn.open_table(GRANTS).map_err(db_err)?;
+            grants
+                .retain(|_, v| {
+                    let keep = serde_json::from_slice::<GrantRecord>(v)
+                        .map(|g| g.expires_at_ms >= now_ms)
+                        .unwrap_or(false);
+                    if !keep {
+                        removed += 1;
+                    }
+                    keep
+                })
+                .map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::WorkloadStatus;
+
+    fn record(owner: &str, name: &str) -> WorkloadRecord {
+        WorkloadRecord {
+            owner: owner.into(),
+            name: name.into(),
+            uid: format!("uid-{owner}-{name}"),
+            kind: "workspace".into(),
+            status: WorkloadStatus::AwaitingUpload,
+            candidate: None,
+            active: None,
+            failure: None,
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            version: 0,
+        }
+    }
+
+    fn grant(id: &str, rec: &WorkloadRecord, expires_at_ms: u64) -> GrantRecord {
+        GrantRecord {
+            id: id.into(),
+            token_sha256: "00".into(),
+            owner: rec.owner.clone(),
+            name: rec.name.clone(),
+            workload_uid: rec.uid.clone(),
+            expires_at_ms,
+        }
+    }
+
+    #[test]
+    fn owners_never_see_each_others_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("m.redb")).unwrap();
+        // "a" + "b/x" must not collide with "a/b" + "x" or prefix-match "ab".
+        for (owner, name) in [("a", "x"), ("ab", "x"), ("a/b", "x"), ("b", "y")] {
+            let r = record(owner, name);
+            store
+                .insert_workload(&r, &grant(&format!("g{owner}{name}"), &r, 10), 20)
+                .unwrap();
+        }
+        let names = |o: &str| -> Vec<String> {
+            store
+                .workloads_of(o)
+                .unwrap()
+                .into_iter()
+                .map(|r| format!("{}:{}", r.owner, r.name))
+                .collect()
+        };
+        assert_eq!(names("a"), vec!["a:x"]);
+        assert_eq!(names("ab"), vec!["ab:x"]);
+        assert_eq!(names("a/b"), vec!["a/b:x"]);
+        assert_eq!(store.all_workloads().unwrap().len(), 4);
+        assert!(store.workload("a", "y").unwrap().is_none());
+    }
+
+    #[test]
+    fn quota_name_and_compare_and_swap() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("m.redb")).unwrap();
+        let r1 = record("o", "one");
+        store
+            .insert_workload(&r1, &grant("g1", &r1, 10), 2)
+            .unwrap();
+        assert!(matches!(
+            store.insert_workload(&r1, &grant("g1b", &r1, 10), 2),
+            Err(StoreError::NameTaken)
+        ));
+        let r2 = record("o", "two");
+        store
+            .insert_workload(&r2, &grant("g2", &r2, 10), 2)
+            .unwrap();
+        let r3 = record("o", "three");
+        assert!(matches!(
+            store.insert_workload(&r3, &grant("g3", &r3, 10), 2),
+            Err(StoreError::QuotaExceeded(2))
+        ));
+        let current = store.workload("o", "one").unwrap().unwrap();
+        assert_eq!(current.version, 1);
+        let next = store.replace_workload(&current, Some("g1")).unwrap();
+        assert_eq!(next.version, 2);
+        // Stale version and used grant are both refused.
+        assert!(matches!(
+            store.replace_workload(&current, None),
+            Err(StoreError::Conflict)
+        ));
+        assert!(matches!(
+            store.replace_workload(&next, Some("g1")),
+            Err(StoreError::GrantUsed)
+        ));
+        store.remove_workload("o", "two", 1).unwrap();
+        assert!(store.grant("g2").unwrap().is_none(), "grants go with it");
+        assert!(store.workload("o", "two").unwrap().is_none());
+    }
+
+    #[test]
+    fn expired_grants_are_purged_and_data_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            let r = record("o", "w");
+            store.insert_workload(&r, &grant("old", &r, 5), 20).unwrap();
+            store.insert_grant(&grant("new", &r, 50)).unwrap();
+            assert_eq!(store.purge_expired_grants(10).unwrap(), 1);
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert!(store.grant("old").unwrap().is_none());
+        assert!(store.grant("new").unwrap().is_some());
+        assert_eq!(store.workload("o", "w").unwrap().unwrap().version, 1);
+    }
+}

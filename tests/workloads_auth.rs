@@ -1,0 +1,270 @@
+//! Token attacks and delegation against the workloads endpoints.
+
+mod common;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use common::{assert_error, TestServer};
+use context_service::auth::dev::{signing_key_path, DevIssuer};
+use context_service::auth::{Claims, TokenPolicy};
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use serde_json::json;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn claims(sub: &str, exp: u64) -> Claims {
+    Claims {
+        sub: sub.into(),
+        iss: "context-service".into(),
+        aud: "context-service".into(),
+        exp,
+        iat: Some(now()),
+        nbf: None,
+        scope: "workloads:read workloads:write".into(),
+    }
+}
+
+/// Signs `claims` with the server's own Ed25519 key.
+fn sign_with_server_key(server: &TestServer, claims: &Claims) -> String {
+    let pem = std::fs::read(signing_key_path(&server.data_dir)).unwrap();
+    let key = EncodingKey::from_ed_pem(&pem).unwrap();
+    let kid = DevIssuer::load(&server.data_dir).unwrap().kid().to_owned();
+    let mut header = Header::new(Algorithm::EdDSA);
+    header.kid = Some(kid);
+    encode(&header, claims, &key).unwrap()
+}
+
+async fn list_with(server: &TestServer, token: &str) -> reqwest::Response {
+    server
+        .http()
+        .get(server.url("/v1/workloads"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn token_attacks_are_refused() {
+    let server = TestServer::start().await;
+    let http = server.http();
+    // Control: a proper token works.
+    assert_eq!(
+        list_with(&server, &server.user_token("alice"))
+            .await
+            .status(),
+        200
+    );
+
+    let resp = http.get(server.url("/v1/workloads")).send().await.unwrap();
+    assert_error(resp, 401, "token_required", "Bearer").await;
+    let resp = http
+        .get(server.url("/v1/workloads"))
+        .header("authorization", "Basic YWxpY2U6cHc=")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 401, "token_invalid", "Bearer").await;
+
+    // Wrong signature: a valid token with its signature altered.
+    let good = server.user_token("alice");
+    let (head, sig) = good.rsplit_once('.').unwrap();
+    let mut raw = B64.decode(sig).unwrap();
+    raw[0] ^= 0xff;
+    let forged = format!("{head}.{}", B64.encode(raw));
+    assert_error(
+        list_with(&server, &forged).await,
+        401,
+        "token_invalid",
+        "signature",
+    )
+    .await;
+
+    // Signed by another key under the same kid.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = DevIssuer::ensure(other_dir.path()).unwrap();
+    let foreign = other
+        .mint(
+            &TokenPolicy::default(),
+            "alice",
+            "workloads:read",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_error(list_with(&server, &foreign).await, 401, "token_invalid", "").await;
+
+    // alg: none.
+    let kid = DevIssuer::load(&server.data_dir).unwrap().kid().to_owned();
+    let header = B64.encode(json!({"alg": "none", "typ": "JWT", "kid": kid}).to_string());
+    let body = B64.encode(serde_json::to_string(&claims("alice", now() + 600)).unwrap());
+    let none = format!("{header}.{body}.");
+    assert_error(list_with(&server, &none).await, 401, "token_invalid", "").await;
+
+    // HS256 with the server's public key as the HMAC secret.
+    let jwks = serde_json::to_value(DevIssuer::load(&server.data_dir).unwrap().jwks()).unwrap();
+    let x = jwks["keys"][0]["x"].as_str().unwrap().to_owned();
+    for secret in [B64.decode(&x).unwrap(), x.clone().into_bytes()] {
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some(kid.clone());
+        let confused = encode(
+            &header,
+            &claims("alice", now() + 600),
+            &EncodingKey::from_secret(&secret).unwrap(),
+        )
+        .unwrap();
+        assert_error(
+            list_with(&server, &confused).await,
+            401,
+            "token_invalid",
+            "",
+        )
+        .await;
+    }
+
+    // Expired beyond the leeway.
+    let expired = sign_with_server_key(&server, &claims("alice", now() - 3600));
+    assert_error(
+        list_with(&server, &expired).await,
+        401,
+        "token_expired",
+        "expired",
+    )
+    .await;
+
+    // Wrong audience, wrong issuer.
+    let issuer = DevIssuer::load(&server.data_dir).unwrap();
+    let policy = TokenPolicy {
+        audience: "someone-else".into(),
+        ..TokenPolicy::default()
+    };
+    let wrong_aud = issuer
+        .mint(&policy, "alice", "workloads:read", Duration::from_secs(60))
+        .unwrap();
+    assert_error(
+        list_with(&server, &wrong_aud).await,
+        401,
+        "token_invalid",
+        "not meant for this service",
+    )
+    .await;
+    let policy = TokenPolicy {
+        issuer: "evil".into(),
+        ..TokenPolicy::default()
+    };
+    let wrong_iss = issuer
+        .mint(&policy, "alice", "workloads:read", Duration::from_secs(60))
+        .unwrap();
+    assert_error(
+        list_with(&server, &wrong_iss).await,
+        401,
+        "token_invalid",
+        "issuer",
+    )
+    .await;
+
+    // Missing scope: read-only token cannot create, write-only cannot read.
+    let read_only = server.token("alice", "workloads:read");
+    let resp = http
+        .post(server.url("/v1/workloads"))
+        .bearer_auth(&read_only)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 403, "scope_missing", "workloads:write").await;
+    let write_only = server.token("alice", "workloads:write");
+    assert_error(
+        list_with(&server, &write_only).await,
+        403,
+        "scope_missing",
+        "workloads:read",
+    )
+    .await;
+    let pools_only = server.token("alice", "pools:read pools:write");
+    let resp = http
+        .put(server.url("/v1/workloads/x/bundle"))
+        .bearer_auth(&pools_only)
+        .header("content-type", "application/gzip")
+        .body(vec![1, 2, 3])
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 403, "scope_missing", "workloads:write").await;
+
+    // None of the refused requests created anything.
+    let alice = server.client("alice");
+    assert!(alice.workloads().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_trusted_service_acts_for_a_user() {
+    let server = TestServer::start().await;
+    let http = server.http();
+    let service = server.token("moca", "delegate workloads:read workloads:write");
+    let resp = http
+        .post(server.url("/v1/workloads"))
+        .bearer_auth(&service)
+        .header("x-context-subject", "user:alice")
+        .json(&json!({"name": "for-alice"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    // Recorded under alice, not the service.
+    let names: Vec<String> = server
+        .client("alice")
+        .workloads()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.name)
+        .collect();
+    assert_eq!(names, vec!["for-alice"]);
+    let resp = list_with(&server, &service).await;
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["workloads"], json!([]));
+    // Acting for bob, the service cannot see alice's workload.
+    let resp = http
+        .get(server.url("/v1/workloads/for-alice"))
+        .bearer_auth(&service)
+        .header("x-context-subject", "user:bob")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 404, "workload_not_found", "for-alice").await;
+    // A user token may not delegate.
+    let resp = http
+        .get(server.url("/v1/workloads/for-alice"))
+        .bearer_auth(server.user_token("bob"))
+        .header("x-context-subject", "user:alice")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 403, "scope_missing", "delegate").await;
+    let resp = http
+        .get(server.url("/v1/workloads"))
+        .bearer_auth(&service)
+        .header("x-context-subject", "alice")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request", "user:<id>").await;
+    // Delegation keeps the token's scopes: no write without workloads:write.
+    let read_only = server.token("moca", "delegate workloads:read");
+    let resp = http
+        .delete(server.url("/v1/workloads/for-alice"))
+        .bearer_auth(&read_only)
+        .header("x-context-subject", "user:alice")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 403, "scope_missing", "workloads:write").await;
+}
