@@ -79,16 +79,20 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-fn report(label: &str, mut samples: Vec<Duration>, wall: Duration) {
+/// Prints percentiles of `samples`, and the request rate when `wall` (the
+/// time the samples took together) is given.
+fn report(label: &str, mut samples: Vec<Duration>, wall: Option<Duration>) {
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let rate = wall
+        .map(|w| format!("  {:>7.1} req/s", samples.len() as f64 / w.as_secs_f64()))
+        .unwrap_or_default();
     println!(
-        "{label:<44} n={:<5} p50={:>8.2}ms p99={:>8.2}ms max={:>8.2}ms  {:>7.1} req/s",
+        "{label:<44} n={:<5} p50={:>8.2}ms p99={:>8.2}ms max={:>8.2}ms{rate}",
         samples.len(),
         ms(percentile(&samples, 0.50)),
         ms(percentile(&samples, 0.99)),
         ms(*samples.last().unwrap_or(&Duration::ZERO)),
-        samples.len() as f64 / wall.as_secs_f64()
     );
 }
 
@@ -113,7 +117,7 @@ async fn run_clients(bench: &Arc<Bench>, clients: usize, per_client: usize, tag:
     report(
         &format!("POST /v1/sandbox-pools, {clients} client(s)"),
         all,
-        start.elapsed(),
+        Some(start.elapsed()),
     );
 }
 
@@ -191,7 +195,6 @@ async fn main() {
     ];
     for (label, body) in strategies {
         let mut samples = Vec::new();
-        let start = Instant::now();
         for _ in 0..n(10) {
             let t0 = Instant::now();
             bench.create(&body).await;
@@ -204,7 +207,7 @@ async fn main() {
         report(
             &format!("create → ready, 100 replicas, {label}"),
             samples,
-            start.elapsed(),
+            None,
         );
     }
 

@@ -196,14 +196,16 @@ CONTROLLER_LOG=$STATE/agent-sandbox-controller.log
 
 kubectl() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
 
-# A pid from pid file "$1" counts only while it runs one of our cached
-# binaries: never signal a recycled pid, and zombies (no exe) count as gone.
+# A pid from pid file "$1" counts only while it runs a binary from our cache
+# dir: never signal a recycled pid, and zombies (no exe) count as gone. A
+# binary replaced by a rebuild while running shows as "<path> (deleted)".
 pid_alive() {
 	local pid exe
 	[ -f "$1" ] || return 1
 	pid=$(cat "$1")
 	exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-	[ "$exe" -ef "$BIN/${exe##*/}" ]
+	exe=${exe% (deleted)}
+	[ "${exe%/*}" -ef "$BIN" ]
 }
 
 apiserver_healthy() {
