@@ -1,7 +1,8 @@
 //! `contextctl` command implementations, one module per command group.
 //!
 //! Every command returns an [`ExitCode`]; failures print one line to stderr
-//! (or a JSON error object with `--output json`) and exit non-zero.
+//! and exit non-zero (`bundle inspect --output json` also prints its
+//! rejection as a JSON object on stdout, for scripts).
 
 use std::process::ExitCode;
 
