@@ -409,7 +409,7 @@ fn finish_speculation<W: Write>(
     let bundle = match (gz_out, output.gz) {
         (Some((_, mut out)), Some((mut file, digest, bytes))) => {
             file.seek(SeekFrom::Start(0)).map_err(storage)?;
-            io::copy(&mut file, &mut out).map_err(storage)?;
+            io::copy(&mut BufReader::with_capacity(CHUNK, file), &mut out).map_err(storage)?;
             out.flush().map_err(storage)?;
             Some((digest, bytes))
         }
