@@ -22,14 +22,24 @@ scratch_root=/dev/shm
 trap 'rm -rf "$work" "$scratch_root"/bundle-gnu-x.*' EXIT
 
 export BUNDLE_BENCH_DIR="$work"
-cargo bench --bench bundle -- --noplot 2>&1 | tee "$work/criterion.log" | grep -E "^[a-z_]+/|thrpt|time:" || true
+log="${TMPDIR:-/tmp}/bundle-criterion.log"
+if ! cargo bench --bench bundle -- --noplot >"$log" 2>&1; then
+  tail -n 30 "$log"
+  echo "criterion bench failed; full log in $log" >&2
+  exit 1
+fi
+grep -E "^[a-z_]+/|thrpt|time:" "$log"
 
 python3 - "$work" "$target" "$scratch_root" <<'PY'
 import json, os, shutil, statistics, subprocess, sys, tempfile, time
 work, target, scratch_root = sys.argv[1:4]
 
 def crit(group, fn):
-    with open(os.path.join(target, "criterion", group, fn, "new", "estimates.json")) as f:
+    path = os.path.join(target, "criterion", group, fn, "new", "estimates.json")
+    if not os.path.exists(path):
+        print(f"missing criterion estimate {path}", file=sys.stderr)
+        return float("nan")
+    with open(path) as f:
         return json.load(f)["median"]["point_estimate"] / 1e9  # seconds
 
 def timed(cmd, setup=None, runs=5):

@@ -78,7 +78,8 @@ fn small_files() -> Vec<(String, Vec<u8>)> {
         .map(|i| {
             let mut data = text_bytes(KIB);
             data[..8].copy_from_slice(&random_bytes(8, i + 1));
-            (format!("d{:02}/f{i:05}.txt", i / 200), data)
+            // Flat: 10,000 files is exactly the entry limit.
+            (format!("f{i:05}.txt"), data)
         })
         .collect()
 }

@@ -42,7 +42,7 @@ pub fn check(input: &[u8]) {
     assert_eq!(report.bundle_bytes, out.len() as u64);
 
     let mut again = Vec::new();
-    let second = bundle::canonicalize(&out[..], &limits(), &opts, &mut again)
+    let second = bundle::canonicalize(&out[..], &limits, &opts, &mut again)
         .unwrap_or_else(|e| panic!("canonical bundle rejected: {e}"));
     assert_eq!(second.revision, report.revision);
     assert_eq!(again, out, "canonical bundle is not a fixed point");

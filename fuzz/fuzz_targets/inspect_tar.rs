@@ -114,7 +114,9 @@ fn build(input: &Input) -> Vec<u8> {
         match &m.extension {
             Extension::None => {}
             Extension::PaxPath(n) => push_ext(&mut out, b'x', &pax("path", &n.bytes())),
-            Extension::PaxSize(s) => push_ext(&mut out, b'x', &pax("size", s.to_string().as_bytes())),
+            Extension::PaxSize(s) => {
+                push_ext(&mut out, b'x', &pax("size", s.to_string().as_bytes()))
+            }
             Extension::PaxRaw(raw) => push_ext(&mut out, b'x', raw),
             Extension::GnuLongName(n) => push_ext(&mut out, b'L', &n.bytes()),
             Extension::GnuLongLink(v) => push_ext(&mut out, b'K', v),
