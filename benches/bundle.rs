@@ -142,7 +142,14 @@ fn inputs() -> Vec<Input> {
 
 fn bench(c: &mut Criterion) {
     let limits = Limits::default();
-    let opts = CanonicalOptions::default();
+    // `BUNDLE_BENCH_GZIP_LEVEL` overrides the canonical gzip level (default 1).
+    let opts = CanonicalOptions {
+        gzip_level: std::env::var("BUNDLE_BENCH_GZIP_LEVEL")
+            .ok()
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(CanonicalOptions::default().gzip_level),
+        ..CanonicalOptions::default()
+    };
     let mut out: File = tempfile::tempfile().unwrap();
     for input in inputs() {
         let mut group = c.benchmark_group(input.name);
