@@ -131,17 +131,30 @@ pub(crate) struct SinkOutput {
     pub gz: Option<(File, [u8; 32], u64)>,
 }
 
-/// Handle on a running sink thread.
+/// Handle on a running sink thread. Dropping it waits for the thread, so
+/// no worker outlives the call that started it; drop the [`ChunkSender`]
+/// first (it closes the channel the thread waits on).
 pub(crate) struct Sink {
-    join: JoinHandle<io::Result<SinkOutput>>,
+    join: Option<JoinHandle<io::Result<SinkOutput>>>,
 }
 
 impl Sink {
     /// Waits for the sink to drain and returns its output.
-    pub(crate) fn join(self) -> io::Result<SinkOutput> {
-        self.join
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("canonical sink thread panicked")))
+    pub(crate) fn join(mut self) -> io::Result<SinkOutput> {
+        match self.join.take() {
+            Some(handle) => handle
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("canonical sink thread panicked"))),
+            None => Err(io::Error::other("canonical sink already joined")),
+        }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        if let Some(handle) = self.join.take() {
+            let _ = handle.join();
+        }
     }
 }
 
@@ -239,7 +252,7 @@ pub(crate) fn spawn_sink(job: SinkJob) -> io::Result<(ChunkSender, Sink)> {
             recycled: back_rx,
             buf: Vec::with_capacity(CHUNK),
         },
-        Sink { join },
+        Sink { join: Some(join) },
     ))
 }
 

@@ -183,7 +183,9 @@ struct Outcome {
     bundle: Option<([u8; 32], u64)>,
 }
 
-/// The speculative canonical stream (see the module docs).
+/// The speculative canonical stream (see the module docs). Field order
+/// matters: `tar` (which holds the channel) drops before `sink` waits for
+/// its thread.
 struct Speculation {
     tar: CanonicalTar<TarTap<io::Sink>>,
     sink: Sink,
@@ -212,10 +214,11 @@ impl Speculation {
         })
     }
 
-    /// Drops the speculative output and waits for the sink to wind down.
+    /// Drops the speculative output; the sink thread winds down.
     fn abandon(self) {
-        drop(self.tar);
-        let _ = self.sink.join();
+        let Speculation { tar, sink, .. } = self;
+        drop(tar);
+        drop(sink);
     }
 }
 
@@ -409,7 +412,7 @@ fn finish_speculation<W: Write>(
     let bundle = match (gz_out, output.gz) {
         (Some((_, mut out)), Some((mut file, digest, bytes))) => {
             file.seek(SeekFrom::Start(0)).map_err(storage)?;
-            io::copy(&mut file, &mut out).map_err(storage)?;
+            io::copy(&mut BufReader::with_capacity(CHUNK, file), &mut out).map_err(storage)?;
             out.flush().map_err(storage)?;
             Some((digest, bytes))
         }

@@ -2,7 +2,7 @@
 //! the same rules and the same revision the service computes.
 
 use std::fs::File;
-use std::io::{self, BufReader};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -76,7 +76,8 @@ fn inspect(path: &Path, limits: &Limits, gzip_level: u32) -> Result<Report, Bund
         return bundle::pack_dir(path, limits, &opts, io::sink());
     }
     let file = File::open(path).map_err(io_err)?;
-    bundle::canonicalize(BufReader::new(file), limits, &opts, io::sink())
+    // No BufReader: the inspector buffers its input itself.
+    bundle::canonicalize(file, limits, &opts, io::sink())
 }
 
 fn pack(dir: &Path, out: &Path, limits: &Limits, gzip_level: u32) -> Result<Report, BundleError> {
