@@ -31,7 +31,9 @@ fn selector(pool: &str) -> String {
 }
 
 /// `(claimName, volume readOnly, mount readOnly)` of the `workspace` volume.
-fn workspace_volume(spec: &PodSpec) -> Result<(String, Option<bool>, Option<bool>)> {
+/// The API server drops `readOnly: false` from a stored pod (omitempty), so
+/// absent counts as `false`, as it does for the kubelet.
+fn workspace_volume(spec: &PodSpec) -> Result<(String, bool, bool)> {
     let volume = spec
         .volumes
         .iter()
@@ -49,11 +51,15 @@ fn workspace_volume(spec: &PodSpec) -> Result<(String, Option<bool>, Option<bool
         .find(|m| m.name == "workspace")
         .context("workspace is not mounted")?;
     ensure!(mount.mount_path == "/workspace", "mount path {mount:?}");
-    Ok((source.claim_name.clone(), source.read_only, mount.read_only))
+    Ok((
+        source.claim_name.clone(),
+        source.read_only.unwrap_or(false),
+        mount.read_only.unwrap_or(false),
+    ))
 }
 
 /// The workspace volume of a Sandbox's pod template and of its real pod.
-async fn volumes_of(env: &Env, sandbox: &str) -> Result<[(String, Option<bool>, Option<bool>); 2]> {
+async fn volumes_of(env: &Env, sandbox: &str) -> Result<[(String, bool, bool); 2]> {
     let sb = env.api::<Sandbox>().get(sandbox).await?;
     let template = workspace_volume(&sb.spec.pod_template.spec)?;
     let pod = env.api::<Pod>().get(sandbox).await?;
@@ -105,7 +111,7 @@ async fn dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox() {
         let pvcs = env.api::<PersistentVolumeClaim>();
         for i in 0..2 {
             let (sandbox, pvc_name) = (format!("sandbox-alpha-{i}"), format!("alpha-workspace-{i}"));
-            let expected = (pvc_name.clone(), Some(false), Some(false));
+            let expected = (pvc_name.clone(), false, false);
             assert_eq!(volumes_of(&env, &sandbox).await?, [expected.clone(), expected]);
             let pvc = pvcs.get(&pvc_name).await?;
             let spec = pvc.spec.clone().unwrap_or_default();
@@ -179,7 +185,8 @@ async fn shared_pool_mounts_one_rwx_pvc_in_every_sandbox() {
                                  "workspace": {"size": "2Gi", "accessMode": "ReadWriteMany"}}))
             .await?;
         assert_eq!(created.workspace.access_mode, "ReadWriteMany");
-        assert_eq!(created.workspace.storage_class, None);
+        // As upstream: the PVC's class, filled in by default-class admission.
+        assert_eq!(created.workspace.storage_class.as_deref(), Some("standard"));
         let pool = env.wait_ready("team").await?;
         assert_eq!(pool.ready_replicas, 3);
         let pods = names(&["sandbox-team-0", "sandbox-team-1", "sandbox-team-2"]);
@@ -199,7 +206,7 @@ async fn shared_pool_mounts_one_rwx_pvc_in_every_sandbox() {
         // No class asked: the cluster default (`standard`) applies.
         assert_eq!(spec.storage_class_name.as_deref(), Some("standard"));
         for pod in &pods {
-            let expected = ("team-workspace".to_string(), Some(false), Some(false));
+            let expected = ("team-workspace".to_string(), false, false);
             assert_eq!(volumes_of(&env, pod).await?, [expected.clone(), expected]);
         }
         env.delete_pool("team").await?;
@@ -266,13 +273,13 @@ async fn existing_pvc_is_mounted_as_asked_and_survives_delete() {
             names(&["sandbox-rw-0"])
         );
         for sandbox in ["sandbox-ro-0", "sandbox-ro-1"] {
-            let expected = ("data".to_string(), Some(true), Some(true));
+            let expected = ("data".to_string(), true, true);
             assert_eq!(
                 volumes_of(&env, sandbox).await?,
                 [expected.clone(), expected]
             );
         }
-        let expected = ("data".to_string(), Some(false), Some(false));
+        let expected = ("data".to_string(), false, false);
         assert_eq!(
             volumes_of(&env, "sandbox-rw-0").await?,
             [expected.clone(), expected]
