@@ -503,3 +503,119 @@ async fn long_poll_waits_for_ready_and_times_out_with_the_current_status() {
     })
     .await;
 }
+
+// --- benchmark (run by benches/k8s_pools.sh) ----------------------------------
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[idx]
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64())
+}
+
+fn millis(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1000.0)
+}
+
+/// The create body of `strategy` for pool `name` of `replicas`.
+fn bench_body(strategy: &str, name: &str, replicas: u32) -> serde_json::Value {
+    match strategy {
+        "warm" => json!({"name": name, "replicas": replicas, "warmPoolRef": "bench"}),
+        _ => json!({"name": name, "replicas": replicas,
+                    "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}}),
+    }
+}
+
+/// `POST` then `?wait=ready`: (create latency, create → ready).
+async fn create_until_ready(env: &Env, body: &serde_json::Value) -> Result<(Duration, Duration)> {
+    let name = body["name"].as_str().unwrap_or_default().to_owned();
+    let t0 = Instant::now();
+    env.create_pool(body).await?;
+    let created = t0.elapsed();
+    env.wait_ready(&name).await?;
+    Ok((created, t0.elapsed()))
+}
+
+/// Time from `POST /v1/sandbox-pools` to `ready` for 1, 10 and 50 replicas
+/// (warm pool filled to the replica count beforehand; dedicated with fresh
+/// RWO PVCs), then 20 concurrent creates of one-replica pools: create
+/// latency and create → ready, p50/p99 (with 20 samples p99 is the max).
+/// Each row runs in a fresh namespace with a fresh service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run by benches/k8s_pools.sh"]
+async fn bench_pools() {
+    let rows = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    for strategy in ["warm", "dedicated"] {
+        for replicas in [1u32, 10, 50] {
+            let rows = rows.clone();
+            with_env("e2e-bench", move |env| async move {
+                if strategy == "warm" {
+                    env.warm_pool("bench", "bench", i64::from(replicas)).await?;
+                }
+                let body = bench_body(strategy, "p", replicas);
+                let (created, ready) = create_until_ready(&env, &body).await?;
+                let row = format!(
+                    "| {strategy:9} | {replicas:8} | {:>14} | {:>15} |",
+                    millis(created),
+                    secs(ready)
+                );
+                println!("{row}");
+                rows.lock().unwrap().push(row);
+                Ok(())
+            })
+            .await;
+        }
+    }
+    let mut concurrent = Vec::new();
+    for strategy in ["warm", "dedicated"] {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        with_env("e2e-bench", move |env| async move {
+            if strategy == "warm" {
+                env.warm_pool("bench", "bench", 20).await?;
+            }
+            let env = std::sync::Arc::new(env);
+            let tasks: Vec<_> = (0..20)
+                .map(|i| {
+                    let env = env.clone();
+                    tokio::spawn(async move {
+                        create_until_ready(&env, &bench_body(strategy, &format!("c{i}"), 1)).await
+                    })
+                })
+                .collect();
+            let (mut created, mut ready) = (Vec::new(), Vec::new());
+            for task in tasks {
+                let (c, r) = task.await??;
+                created.push(c);
+                ready.push(r);
+            }
+            created.sort();
+            ready.sort();
+            let row = format!(
+                "| {strategy:9} | {:>10} | {:>10} | {:>10} | {:>10} |",
+                millis(percentile(&created, 0.5)),
+                millis(percentile(&created, 0.99)),
+                millis(percentile(&ready, 0.5)),
+                millis(percentile(&ready, 0.99)),
+            );
+            println!("{row}");
+            let _ = tx.send(row);
+            Ok(())
+        })
+        .await;
+        concurrent.push(rx.await.expect("row"));
+    }
+    println!("\nPOST /v1/sandbox-pools -> ready (one pool; fresh namespace and service)\n");
+    println!("| strategy  | replicas | create (ms)    | to ready (s)    |");
+    println!("|-----------|----------|----------------|-----------------|");
+    for row in rows.lock().unwrap().iter() {
+        println!("{row}");
+    }
+    println!("\n20 concurrent creates of one-replica pools (ms; p99 of 20 = max)\n");
+    println!("| strategy  | create p50 | create p99 | ready p50  | ready p99  |");
+    println!("|-----------|------------|------------|------------|------------|");
+    for row in &concurrent {
+        println!("{row}");
+    }
+}
