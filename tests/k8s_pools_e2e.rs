@@ -377,9 +377,15 @@ async fn warm_pool_claims_bind_warm_sandboxes_and_release_them() {
 #[tokio::test]
 async fn pool_without_its_warm_pool_reports_failed_with_the_reason() {
     with_env("e2e-nowarm", |env| async move {
-        // Empty and without a template, so no claim can bind before the warm
-        // pool is gone.
-        env.warm_pool("ghost", "", 0).await?;
+        // Empty and on a template that does not exist, so no claim can bind
+        // before the warm pool is gone.
+        apply(
+            &env.dyn_api(&warm_pools()),
+            &warm_pools(),
+            "ghost",
+            json!({"spec": {"replicas": 0, "sandboxTemplateRef": {"name": "no-template"}}}),
+        )
+        .await?;
         env.create_pool(&json!({"name": "doomed", "replicas": 2, "warmPoolRef": "ghost"}))
             .await?;
         env.dyn_api(&warm_pools())

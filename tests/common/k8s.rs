@@ -324,17 +324,15 @@ impl Env {
     /// A SandboxTemplate `template` and a SandboxWarmPool `name` of
     /// `replicas` on it; waits until `replicas` warm sandboxes are ready.
     pub async fn warm_pool(&self, name: &str, template: &str, replicas: i64) -> Result<()> {
-        if !template.is_empty() {
-            apply(
-                &self.dyn_api(&templates()),
-                &templates(),
-                template,
-                json!({"spec": {"podTemplate": {"spec": {"containers": [
-                    {"name": "main", "image": IMAGE, "command": ["sleep", "infinity"]}
-                ]}}}}),
-            )
-            .await?;
-        }
+        apply(
+            &self.dyn_api(&templates()),
+            &templates(),
+            template,
+            json!({"spec": {"podTemplate": {"spec": {"containers": [
+                {"name": "main", "image": IMAGE, "command": ["sleep", "infinity"]}
+            ]}}}}),
+        )
+        .await?;
         let pools = self.dyn_api(&warm_pools());
         apply(
             &pools,
@@ -343,15 +341,13 @@ impl Env {
             json!({"spec": {"replicas": replicas, "sandboxTemplateRef": {"name": template}}}),
         )
         .await?;
-        if replicas > 0 {
-            wait_for(
-                &pools,
-                name,
-                "warm pool filled",
-                move |o: Option<&DynamicObject>| ready_replicas(o) == replicas,
-            )
-            .await?;
-        }
+        wait_for(
+            &pools,
+            name,
+            "warm pool filled",
+            move |o: Option<&DynamicObject>| ready_replicas(o) == replicas,
+        )
+        .await?;
         Ok(())
     }
 }
