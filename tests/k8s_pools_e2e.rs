@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context as _, Result};
 use common::assert_error;
 use common::k8s::*;
-use context_service::backend::kube::crd::Sandbox;
+use context_service::backend::kube::crd::{Sandbox, SandboxClaim};
 use context_service::pool::wire::Pool;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, DynamicObject, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
@@ -348,6 +349,22 @@ async fn warm_pool_claims_bind_warm_sandboxes_and_release_them() {
             env.pods_matching(&pool.sandbox_selector).await?,
             warm_before
         );
+        // Claims expire by themselves (24 h default TTL) with their sandbox,
+        // as the API server stored them.
+        for claim in ["claim-hot-0", "claim-hot-1"] {
+            let claim = env.api::<SandboxClaim>().get(claim).await?;
+            let lifecycle = claim.spec.lifecycle.clone().context("no lifecycle")?;
+            assert_eq!(lifecycle.shutdown_policy.as_deref(), Some("Delete"));
+            let at: Timestamp = lifecycle
+                .shutdown_time
+                .context("no shutdownTime")?
+                .parse()?;
+            let ttl = at.duration_since(Timestamp::now()).as_secs();
+            assert!(
+                (86_000..=86_400).contains(&ttl),
+                "shutdownTime {at} is {ttl}s away"
+            );
+        }
 
         env.delete_pool("hot").await?;
         env.wait_pool_objects_gone("hot").await?;
@@ -560,6 +577,7 @@ async fn bench_pools() {
                 if strategy == "warm" {
                     env.warm_pool("bench", "bench", i64::from(replicas)).await?;
                 }
+                env.warm_up().await?;
                 let body = bench_body(strategy, "p", replicas);
                 let (created, ready) = create_until_ready(&env, &body).await?;
                 let row = format!(
@@ -581,6 +599,7 @@ async fn bench_pools() {
             if strategy == "warm" {
                 env.warm_pool("bench", "bench", 20).await?;
             }
+            env.warm_up().await?;
             let env = std::sync::Arc::new(env);
             let tasks: Vec<_> = (0..20)
                 .map(|i| {

@@ -195,6 +195,20 @@ impl Env {
         Ok(pool)
     }
 
+    /// Lists the pools once, so that the service's watch caches have synced
+    /// and its API connection is open before anything is timed.
+    pub async fn warm_up(&self) -> Result<()> {
+        let resp = self
+            .request(reqwest::Method::GET, "/v1/sandbox-pools")
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        if status != 200 {
+            bail!("list answered {status}: {}", resp.text().await?);
+        }
+        Ok(())
+    }
+
     /// `GET /v1/sandbox-pools/{name}` as [`USER`]: status and body.
     pub async fn get_pool(&self, name: &str) -> (u16, String) {
         let resp = self
