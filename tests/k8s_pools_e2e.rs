@@ -137,6 +137,12 @@ async fn dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox() {
             .send()
             .await?;
         assert_error(resp, 404, "not_found", "sandbox pool not found").await;
+        let listed = |client: context_service::client::Client| async move {
+            let list = client.list_pools().await?;
+            Ok::<_, anyhow::Error>(list.items.into_iter().map(|p| p.name).collect::<Vec<_>>())
+        };
+        assert_eq!(listed(env.server.client(USER)).await?, names(&["alpha", "beta"]));
+        assert!(listed(env.server.client("mallory")).await?.is_empty());
 
         // A second create of the name, with any strategy, is a conflict that
         // touches nothing.
@@ -445,7 +451,7 @@ async fn pool_without_its_warm_pool_reports_failed_with_the_reason() {
 // --- rollback ----------------------------------------------------------------
 
 /// A create that fails half-way (sandbox 1's name is taken by a foreign,
-/// unmanaged Sandbox, after both PVCs and sandbox 0 were made) answers `409`
+/// unmanaged Sandbox, after the 3 PVCs and sandbox 0 were made) answers `409`
 /// and leaves nothing of the pool behind; the foreign object is untouched.
 #[tokio::test]
 async fn half_created_pool_is_rolled_back_completely() {
@@ -484,6 +490,63 @@ async fn half_created_pool_is_rolled_back_completely() {
         assert!(after.metadata.deletion_timestamp.is_none(), "{after:#?}");
         assert_eq!(labels_of(&after.metadata), labels_of(&foreign.metadata));
         assert_eq!(after.metadata.generation, foreign.metadata.generation);
+        Ok(())
+    })
+    .await;
+}
+
+/// The same for claims: the foreign claim `claim-wrb-1` stops the create after
+/// `claim-wrb-0` exists (and may have adopted a warm sandbox). Afterwards no
+/// claim of the pool, no pod with its label and no sandbox held by its claim
+/// is left; the foreign claim keeps its sandbox.
+#[tokio::test]
+async fn half_created_warm_pool_is_rolled_back_completely() {
+    with_env("e2e-warm-rollback", |env| async move {
+        env.warm_pool("wp", "tpl", 2).await?;
+        let foreign = apply(
+            &env.dyn_api(&claims()),
+            &claims(),
+            "claim-wrb-1",
+            json!({"spec": {"warmPoolRef": {"name": "wp"}}}),
+        )
+        .await?;
+        let body = json!({"name": "wrb", "replicas": 2, "warmPoolRef": "wp"});
+        assert_error(
+            env.post_pool(&body).await,
+            409,
+            "already_exists",
+            "sandbox pool already exists",
+        )
+        .await;
+        wait_deleted(&env.api::<SandboxClaim>(), "claim-wrb-0").await?;
+        env.wait_pool_objects_gone("wrb").await?;
+        // Every sandbox a claim holds is the foreign claim's.
+        let holders = poll_until("only the foreign claim holds a sandbox", || async {
+            let mut holders: Vec<String> = env
+                .api::<Sandbox>()
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .filter(|sb| sb.metadata.deletion_timestamp.is_none())
+                .flat_map(|sb| sb.owner_references().to_vec())
+                .filter(|o| o.kind == "SandboxClaim" && o.controller == Some(true))
+                .map(|o| o.name)
+                .collect();
+            holders.sort();
+            Ok(
+                if holders.iter().all(|h| h == "claim-wrb-1") && !holders.is_empty() {
+                    Ok(holders)
+                } else {
+                    Err(format!("{holders:?}"))
+                },
+            )
+        })
+        .await?;
+        assert_eq!(holders, names(&["claim-wrb-1"]));
+        let after = env.dyn_api(&claims()).get("claim-wrb-1").await?;
+        assert_eq!(after.uid(), foreign.uid());
+        assert!(after.metadata.deletion_timestamp.is_none(), "{after:#?}");
         Ok(())
     })
     .await;
