@@ -166,6 +166,18 @@ async fn dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox() {
         wait_deleted(&env.api::<Pod>(), "sandbox-alpha-0").await?;
         let kept = pvcs.get("alpha-workspace-1").await?;
         assert!(kept.metadata.deletion_timestamp.is_none());
+        // The pool reports the loss instead of hiding it.
+        let broken = poll_until("alpha failed", || async {
+            let (status, text) = env.get_pool("alpha").await;
+            ensure!(status == 200, "GET answered {status}: {text}");
+            let pool: Pool = serde_json::from_str(&text)?;
+            Ok(if pool.status == "failed" { Ok(pool) } else { Err(text) })
+        })
+        .await?;
+        assert_eq!(broken.reason.as_deref(), Some("SandboxMissing"));
+        assert_eq!(broken.message.as_deref(), Some("1 of 2 sandboxes exist"));
+        assert_eq!(member_names(&broken), names(&["sandbox-alpha-1"]));
+        assert_eq!(broken.ready_replicas, 1);
 
         env.delete_pool("alpha").await?;
         env.wait_pool_objects_gone("alpha").await?;
