@@ -32,7 +32,7 @@ fn selector(pool: &str) -> String {
 }
 
 /// `(claimName, volume readOnly, mount readOnly)` of the `workspace` volume.
-/// The API server drops `readOnly: false` from a stored pod (omitempty), so
+/// A pod has no `readOnly: false` (the controller's Go types omit false), so
 /// absent counts as `false`, as it does for the kubelet.
 fn workspace_volume(spec: &PodSpec) -> Result<(String, bool, bool)> {
     let volume = spec
