@@ -23,7 +23,7 @@ use context_service::backend::kube::crd::{Sandbox, SandboxClaim};
 use context_service::pool::wire::Pool;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, DynamicObject, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -394,13 +394,20 @@ async fn warm_pool_claims_bind_warm_sandboxes_and_release_them() {
         assert_eq!(wp.uid(), wp_uid);
         assert!(wp.metadata.deletion_timestamp.is_none());
         assert_eq!(env.dyn_api(&templates()).get("tpl").await?.uid(), tpl_uid);
-        wait_for(
-            &env.dyn_api(&warm_pools()),
-            "wp",
-            "warm pool refilled",
-            |o: Option<&DynamicObject>| ready_replicas(o) == 2,
-        )
+        let refill = poll_until("warm pool refilled with new sandboxes", || async {
+            let wp = env.dyn_api(&warm_pools()).get("wp").await?;
+            let now = env.dyn_names(&sandboxes(), "").await?;
+            Ok(if ready_replicas(Some(&wp)) == 2 && now.len() == 2 {
+                Ok(now)
+            } else {
+                Err(format!("{now:?}"))
+            })
+        })
         .await?;
+        assert!(
+            refill.iter().all(|n| !warm_before.contains(n)),
+            "{refill:?}"
+        );
         Ok(())
     })
     .await;
