@@ -183,6 +183,8 @@ async fn dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox() {
         env.wait_pool_objects_gone("alpha").await?;
         let (status, text) = env.get_pool("alpha").await;
         assert_eq!(status, 404, "{text}");
+        // DELETE is idempotent here (PoolService docs; upstream answers 404).
+        env.delete_pool("alpha").await?;
         // The other pool is untouched.
         let beta_now: Pool = serde_json::from_str(&env.get_pool("beta").await.1)?;
         assert_eq!((beta_now.status.as_str(), beta_now.ready_replicas), ("ready", 1));
@@ -204,6 +206,12 @@ async fn shared_pool_mounts_one_rwx_pvc_in_every_sandbox() {
                                  "workspace": {"size": "2Gi", "accessMode": "ReadWriteMany"}}))
             .await?;
         assert_eq!(created.workspace.access_mode, "ReadWriteMany");
+        // An immediate read agrees with the create (the watch caches have
+        // seen every object before the create answered).
+        let (status, text) = env.get_pool("team").await;
+        assert_eq!(status, 200, "{text}");
+        let read: Pool = serde_json::from_str(&text)?;
+        assert_eq!((read.replicas, read.sandboxes.len()), (3, 3), "{text}");
         // As upstream: the PVC's class, filled in by default-class admission.
         assert_eq!(created.workspace.storage_class.as_deref(), Some("standard"));
         let pool = env.wait_ready("team").await?;
