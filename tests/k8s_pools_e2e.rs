@@ -579,6 +579,49 @@ async fn half_created_warm_pool_is_rolled_back_completely() {
     .await;
 }
 
+/// Two services on one namespace (two replicas, or an old and a new pod
+/// during a rollout) create the same pool at the same moment: exactly one
+/// gets `201`, the other `409`, and exactly one pool's objects exist (no half
+/// pool of the loser, no rollback of the winner's objects).
+#[tokio::test]
+async fn racing_creates_from_two_services_make_one_pool() {
+    with_env("e2e-race", |env| async move {
+        let other = start_server(&env.ns).await;
+        let body = json!({"name": "race", "replicas": 3,
+                          "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
+        let post = |server: &common::TestServer| {
+            server
+                .http()
+                .post(server.url("/v1/sandbox-pools"))
+                .bearer_auth(server.user_token(USER))
+                .json(&body)
+                .send()
+        };
+        let (a, b) = tokio::join!(post(&env.server), post(&other));
+        let codes = [a?.status().as_u16(), b?.status().as_u16()];
+        let mut sorted = codes;
+        sorted.sort();
+        assert_eq!(sorted, [201, 409]);
+        // Each service has its own owner-scope key (its data dir), so only
+        // the winner's service shows the pool to the caller.
+        let winner = if codes[0] == 201 { &env.server } else { &other };
+        let pool = winner.client(USER).wait_pool("race", TIMEOUT).await?;
+        assert_eq!(pool.status, "ready", "{pool:#?}");
+        assert_eq!(pool.ready_replicas, 3);
+        assert_eq!(
+            env.names::<PersistentVolumeClaim>(&selector("race"))
+                .await?,
+            names(&["race-workspace-0", "race-workspace-1", "race-workspace-2"])
+        );
+        assert_eq!(
+            env.dyn_names(&sandboxes(), &selector("race")).await?,
+            names(&["sandbox-race-0", "sandbox-race-1", "sandbox-race-2"])
+        );
+        Ok(())
+    })
+    .await;
+}
+
 // --- long poll -----------------------------------------------------------------
 
 /// `?wait=ready` holds until the pool is ready (answering well before its
