@@ -362,6 +362,7 @@ start_controller() {
 	# of cluster), metrics/probes off so nothing listens on a non-loopback port.
 	# `unshare -m` + `exec` keep the controller's pid in the pid file; the
 	# read-only overlay adds sandbox-config/ to /etc for this process only.
+	# shellcheck disable=SC2016 # $1 and $@ are the inner shell's.
 	KUBECONFIG=$KUBECONFIG_PATH setsid unshare --mount --propagation private sh -c '
 		mount -t overlay overlay -o "lowerdir=$1:/etc" /etc || exit 97
 		shift
@@ -376,8 +377,8 @@ start_controller() {
 	echo $! >"$CONTROLLER_PID"
 	sleep 2
 	pid_alive "$CONTROLLER_PID" || fail_up "agent-sandbox-controller exited at start-up"
-	grep -qx "context.rossoctl.io\|.*,context.rossoctl.io\(,.*\)\?" \
-		"/proc/$(cat "$CONTROLLER_PID")/root/etc/sandbox-config/allowed-label-domains" ||
+	# What the controller itself reads, through its own mount namespace.
+	[ "$(cat "/proc/$(cat "$CONTROLLER_PID")/root/etc/sandbox-config/allowed-label-domains" 2>/dev/null)" = "$ALLOWED_LABEL_DOMAINS" ] ||
 		fail_up "agent-sandbox-controller does not see its allowed label domains"
 	echo "$ALLOWED_LABEL_DOMAINS" >"$CONTROLLER_DOMAINS"
 }
