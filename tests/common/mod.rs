@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 mod archive;
+#[cfg(feature = "e2e")]
+pub mod k8s;
 #[allow(unused_imports)]
 pub use archive::*;
 

@@ -340,11 +340,35 @@ install_sandbox_crds() {
 	done
 }
 
+# Label domains the claim controller lets a SandboxClaim put on its pod
+# (`additionalPodMetadata`). v0.5.6 reads them only from the hard-coded file
+# /etc/sandbox-config/allowed-label-domains (no flag, no env var; default
+# `sandbox.users.io`), and rejects our pool label `context.rossoctl.io/pool`
+# with `InvalidMetadata` otherwise. The file lives in the state dir and is
+# overlaid on /etc in a private mount namespace of the controller only.
+ALLOWED_LABEL_DOMAINS="sandbox.users.io,context.rossoctl.io"
+SANDBOX_ETC=$STATE/sandbox-etc
+CONTROLLER_DOMAINS=$STATE/agent-sandbox-controller.domains
+
 start_controller() {
-	pid_alive "$CONTROLLER_PID" && return 0
+	if pid_alive "$CONTROLLER_PID"; then
+		# A controller started without (or with other) allowed domains, e.g.
+		# by an older version of this script, is restarted.
+		[ "$(cat "$CONTROLLER_DOMAINS" 2>/dev/null)" = "$ALLOWED_LABEL_DOMAINS" ] && return 0
+		log "restarting agent-sandbox-controller with allowed label domains $ALLOWED_LABEL_DOMAINS"
+		kill_pidfile "$CONTROLLER_PID"
+	fi
+	mkdir -p "$SANDBOX_ETC/sandbox-config"
+	echo "$ALLOWED_LABEL_DOMAINS" >"$SANDBOX_ETC/sandbox-config/allowed-label-domains"
 	# No webhook (CRDs have no conversion), no leader election (one replica, out
 	# of cluster), metrics/probes off so nothing listens on a non-loopback port.
-	KUBECONFIG=$KUBECONFIG_PATH setsid "$BIN/agent-sandbox-controller" \
+	# `unshare -m` + `exec` keep the controller's pid in the pid file; the
+	# read-only overlay adds sandbox-config/ to /etc for this process only.
+	# shellcheck disable=SC2016 # $1 and $@ are the inner shell's.
+	KUBECONFIG=$KUBECONFIG_PATH setsid unshare --mount --propagation private sh -c '
+		mount -t overlay overlay -o "lowerdir=$1:/etc" /etc || exit 97
+		shift
+		exec "$@"' sh "$SANDBOX_ETC" "$BIN/agent-sandbox-controller" \
 		--extensions=true \
 		--enable-webhook=false \
 		--leader-elect=false \
@@ -355,6 +379,10 @@ start_controller() {
 	echo $! >"$CONTROLLER_PID"
 	sleep 2
 	pid_alive "$CONTROLLER_PID" || fail_up "agent-sandbox-controller exited at start-up"
+	# What the controller itself reads, through its own mount namespace.
+	[ "$(cat "/proc/$(cat "$CONTROLLER_PID")/root/etc/sandbox-config/allowed-label-domains" 2>/dev/null)" = "$ALLOWED_LABEL_DOMAINS" ] ||
+		fail_up "agent-sandbox-controller does not see its allowed label domains"
+	echo "$ALLOWED_LABEL_DOMAINS" >"$CONTROLLER_DOMAINS"
 }
 
 cmd_up() {
@@ -399,6 +427,7 @@ kill_pidfile() {
 cmd_down() {
 	local f saved=$STATE/stopping
 	kill_pidfile "$CONTROLLER_PID"
+	rm -f "$CONTROLLER_DOMAINS"
 	if [ -d "$CLUSTER_DIR" ]; then
 		# kwokctl signals its components and removes their pid files without
 		# waiting; keep copies to wait for (and if need be kill) them ourselves.

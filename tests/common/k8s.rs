@@ -1,0 +1,507 @@
+//! Helpers for end-to-end tests of the `kube` backend against the control
+//! plane of `tests/k8s/testenv.sh`: a fresh namespace with a service running
+//! the `kube` backend in it, kube-rs arrangement (warm pools, existing PVCs)
+//! and verification (waits, listings by label).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use context_service::config::BackendKind;
+use context_service::pool::wire::Pool;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ServiceAccount};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
+    PatchParams, PostParams,
+};
+use kube::runtime::wait::{await_condition, Condition};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{json, Value};
+
+use super::TestServer;
+
+/// Generous: two cores are shared by the whole control plane and cargo.
+pub const TIMEOUT: Duration = Duration::from_secs(90);
+/// Field manager of what the tests arrange directly.
+pub const FIELD_MANAGER: &str = "context-service-e2e";
+/// Image of the sandbox containers (kwok ignores it).
+pub const IMAGE: &str = "busybox:stable";
+/// The subject the tests act as.
+pub const USER: &str = "alice";
+
+/// Fails (does not skip) when the environment is missing.
+pub async fn kube_client() -> Client {
+    if std::env::var_os("KUBECONFIG").is_none() {
+        panic!(
+            "KUBECONFIG is not set. Start the environment and export it first:\n  \
+             tests/k8s/testenv.sh up && eval \"$(tests/k8s/testenv.sh env)\""
+        );
+    }
+    Client::try_default()
+        .await
+        .expect("cannot build a client from KUBECONFIG")
+}
+
+/// `prefix-<8 hex digits>`.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
+}
+
+/// One test's world: a namespace and a service whose `kube` backend works
+/// in it.
+pub struct Env {
+    /// Direct client, to arrange and verify only.
+    pub kube: Client,
+    /// The namespace (`CS_NAMESPACE` of the service).
+    pub ns: String,
+    /// The service under test.
+    pub server: TestServer,
+}
+
+/// Creates a fresh namespace and starts the service with the `kube` backend
+/// in it, runs `body`, and deletes the namespace afterwards, also when `body`
+/// fails or panics.
+pub async fn with_env<F, Fut>(prefix: &str, body: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let kube = kube_client().await;
+    let ns = unique(prefix);
+    let namespaces: Api<Namespace> = Api::all(kube.clone());
+    let meta = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &meta)
+        .await
+        .expect("create namespace");
+    // ServiceAccount admission rejects pods until kube-controller-manager has
+    // created the namespace's default ServiceAccount.
+    let accounts: Api<ServiceAccount> = Api::namespaced(kube.clone(), &ns);
+    wait_for(
+        &accounts,
+        "default",
+        "default ServiceAccount",
+        |sa: Option<&ServiceAccount>| sa.is_some(),
+    )
+    .await
+    .expect("default ServiceAccount");
+    let server = start_server(&ns).await;
+    let env = Env {
+        kube,
+        ns: ns.clone(),
+        server,
+    };
+    let outcome = tokio::spawn(body(env)).await;
+    // Background deletion: the namespace controller and the garbage collector
+    // clean up; the test does not wait for it.
+    let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("{e:?}"),
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// The real service with the `kube` backend on namespace `ns`.
+pub async fn start_server(ns: &str) -> TestServer {
+    let ns = ns.to_owned();
+    TestServer::start_with(move |cfg| {
+        cfg.backend = BackendKind::Kube;
+        cfg.namespace = ns;
+        cfg.kube_sandbox_image = Some(IMAGE.to_owned());
+    })
+    .await
+}
+
+impl Env {
+    /// `Api<K>` in the test namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.kube.clone(), &self.ns)
+    }
+
+    /// A dynamic API in the test namespace.
+    pub fn dyn_api(&self, ar: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.kube.clone(), &self.ns, ar)
+    }
+
+    /// A raw request as [`USER`].
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.server
+            .http()
+            .request(method, self.server.url(path))
+            .bearer_auth(self.server.user_token(USER))
+    }
+
+    /// `POST /v1/sandbox-pools` with `body`, as [`USER`].
+    pub async fn post_pool(&self, body: &Value) -> reqwest::Response {
+        self.request(reqwest::Method::POST, "/v1/sandbox-pools")
+            .json(body)
+            .send()
+            .await
+            .expect("POST /v1/sandbox-pools")
+    }
+
+    /// Creates a pool and expects `201` with a pool body.
+    pub async fn create_pool(&self, body: &Value) -> Result<Pool> {
+        let resp = self.post_pool(body).await;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        if status != 201 {
+            bail!("create answered {status}: {text}");
+        }
+        serde_json::from_str(&text).with_context(|| format!("pool body: {text}"))
+    }
+
+    /// `GET /v1/sandbox-pools/{name}?wait=ready&timeout=<timeout>`: the
+    /// long poll, with its own duration.
+    pub async fn wait_pool(&self, name: &str, timeout: Duration) -> Result<(Pool, Duration)> {
+        let started = Instant::now();
+        let resp = self
+            .request(
+                reqwest::Method::GET,
+                &format!(
+                    "/v1/sandbox-pools/{name}?wait=ready&timeout={}s",
+                    timeout.as_secs()
+                ),
+            )
+            .timeout(timeout + Duration::from_secs(30))
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        if status != 200 {
+            bail!("wait answered {status}: {text}");
+        }
+        let pool = serde_json::from_str(&text).with_context(|| format!("pool body: {text}"))?;
+        Ok((pool, started.elapsed()))
+    }
+
+    /// Waits through the API for `ready` and fails on anything else.
+    pub async fn wait_ready(&self, name: &str) -> Result<Pool> {
+        let (pool, _) = self.wait_pool(name, TIMEOUT).await?;
+        if pool.status != "ready" {
+            bail!("pool {name} is not ready after {TIMEOUT:?}: {pool:#?}");
+        }
+        Ok(pool)
+    }
+
+    /// Lists the pools once, so that the service's watch caches have synced
+    /// and its API connection is open before anything is timed.
+    pub async fn warm_up(&self) -> Result<()> {
+        let resp = self
+            .request(reqwest::Method::GET, "/v1/sandbox-pools")
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        if status != 200 {
+            bail!("list answered {status}: {}", resp.text().await?);
+        }
+        Ok(())
+    }
+
+    /// `GET /v1/sandbox-pools/{name}` as [`USER`]: status and body.
+    pub async fn get_pool(&self, name: &str) -> (u16, String) {
+        let resp = self
+            .request(reqwest::Method::GET, &format!("/v1/sandbox-pools/{name}"))
+            .send()
+            .await
+            .expect("GET pool");
+        let status = resp.status().as_u16();
+        (status, resp.text().await.expect("body"))
+    }
+
+    /// `DELETE /v1/sandbox-pools/{name}`; expects `204`.
+    pub async fn delete_pool(&self, name: &str) -> Result<()> {
+        let resp = self
+            .request(
+                reqwest::Method::DELETE,
+                &format!("/v1/sandbox-pools/{name}"),
+            )
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        if status != 204 {
+            bail!("delete answered {status}: {}", resp.text().await?);
+        }
+        Ok(())
+    }
+
+    /// Sorted names of the objects matching `selector` (deleting ones
+    /// included).
+    pub async fn names<K>(&self, selector: &str) -> Result<Vec<String>>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+    {
+        let list = self
+            .api::<K>()
+            .list(&ListParams::default().labels(selector))
+            .await?;
+        let mut names: Vec<String> = list.items.iter().map(|o| o.name_any()).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Sorted names of the pods a harness gets with `selector` (running ones:
+    /// pods being deleted are not the pool's any more).
+    pub async fn pods_matching(&self, selector: &str) -> Result<Vec<String>> {
+        let list = self
+            .api::<Pod>()
+            .list(&ListParams::default().labels(selector))
+            .await?;
+        let mut names: Vec<String> = list
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Waits until nothing labelled `context.rossoctl.io/pool=<pool>` is left:
+    /// no Sandbox, SandboxClaim, PVC or Pod (also the ones being deleted).
+    pub async fn wait_pool_objects_gone(&self, pool: &str) -> Result<()> {
+        let selector = format!("context.rossoctl.io/pool={pool}");
+        let (sandboxes, claims) = (sandboxes(), claims());
+        let left = || async {
+            let mut left = Vec::new();
+            for (kind, names) in [
+                ("Sandbox", self.dyn_names(&sandboxes, &selector).await?),
+                ("SandboxClaim", self.dyn_names(&claims, &selector).await?),
+                ("PVC", self.names::<PersistentVolumeClaim>(&selector).await?),
+                ("Pod", self.names::<Pod>(&selector).await?),
+            ] {
+                left.extend(names.into_iter().map(|n| format!("{kind} {n}")));
+            }
+            Ok::<_, anyhow::Error>(left)
+        };
+        poll_until(&format!("objects of pool {pool} gone"), || async {
+            let left = left().await?;
+            Ok(left
+                .is_empty()
+                .then_some(())
+                .ok_or_else(|| format!("{left:?}")))
+        })
+        .await
+    }
+
+    /// Sorted names of dynamic objects matching `selector`.
+    pub async fn dyn_names(&self, ar: &ApiResource, selector: &str) -> Result<Vec<String>> {
+        let list = self
+            .dyn_api(ar)
+            .list(&ListParams::default().labels(selector))
+            .await?;
+        let mut names: Vec<String> = list.items.iter().map(|o| o.name_any()).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Creates PVC `name` (class `standard`, 1Gi, `mode`) and waits until it
+    /// is Bound: an existing claim as a user would have made it.
+    pub async fn existing_pvc(&self, name: &str, mode: &str) -> Result<PersistentVolumeClaim> {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"team": "e2e"}},
+            "spec": {
+                "accessModes": [mode],
+                "storageClassName": "standard",
+                "resources": {"requests": {"storage": "1Gi"}}
+            }
+        }))?;
+        let api = self.api::<PersistentVolumeClaim>();
+        api.create(&PostParams::default(), &pvc).await?;
+        wait_for(
+            &api,
+            name,
+            "PVC Bound",
+            |p: Option<&PersistentVolumeClaim>| {
+                p.and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.phase.as_deref())
+                    == Some("Bound")
+            },
+        )
+        .await
+    }
+
+    /// A SandboxTemplate `template` and a SandboxWarmPool `name` of
+    /// `replicas` on it; waits until `replicas` warm sandboxes are ready.
+    pub async fn warm_pool(&self, name: &str, template: &str, replicas: i64) -> Result<()> {
+        apply(
+            &self.dyn_api(&templates()),
+            &templates(),
+            template,
+            json!({"spec": {"podTemplate": {"spec": {"containers": [
+                {"name": "main", "image": IMAGE, "command": ["sleep", "infinity"]}
+            ]}}}}),
+        )
+        .await?;
+        let pools = self.dyn_api(&warm_pools());
+        apply(
+            &pools,
+            &warm_pools(),
+            name,
+            json!({"spec": {"replicas": replicas, "sandboxTemplateRef": {"name": template}}}),
+        )
+        .await?;
+        wait_for(
+            &pools,
+            name,
+            "warm pool filled",
+            move |o: Option<&DynamicObject>| ready_replicas(o) == replicas,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Polls `check` (every 100 ms, up to [`TIMEOUT`]) until it gives `Ok(value)`;
+/// `Err(text)` is the state so far, reported on timeout. For conditions over
+/// lists, where no single-object watch applies.
+pub async fn poll_until<T, F, Fut>(what: &str, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<std::result::Result<T, String>>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match check().await? {
+            Ok(value) => return Ok(value),
+            Err(state) if Instant::now() >= deadline => {
+                bail!("timed out after {TIMEOUT:?} waiting for {what}; last state: {state}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Waits for `cond` on the named object through a watch; on timeout the error
+/// carries the object's last state.
+pub async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, cond: impl Condition<K>) -> Result<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    match tokio::time::timeout(TIMEOUT, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(Some(obj))) => Ok(obj),
+        Ok(Ok(None)) => bail!("{name} was deleted while waiting for {what}"),
+        Ok(Err(e)) => Err(e).with_context(|| format!("watching {name} for {what}")),
+        Err(_) => {
+            let last = api.get_opt(name).await.ok().flatten();
+            bail!("timed out after {TIMEOUT:?} waiting for {name}: {what}; last state: {last:#?}")
+        }
+    }
+}
+
+/// Waits until the named object is gone.
+pub async fn wait_deleted<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    match tokio::time::timeout(
+        TIMEOUT,
+        await_condition(api.clone(), name, |o: Option<&K>| o.is_none()),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e).with_context(|| format!("watching {name} for deletion")),
+        Err(_) => bail!(
+            "{name} still exists after {TIMEOUT:?}: {:#?}",
+            api.get_opt(name).await?
+        ),
+    }
+}
+
+// --- agent-sandbox resources (v1beta1 only) ----------------------------------
+
+fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1beta1", kind), plural)
+}
+
+/// `agents.x-k8s.io/v1beta1` Sandbox.
+pub fn sandboxes() -> ApiResource {
+    resource("agents.x-k8s.io", "Sandbox", "sandboxes")
+}
+/// `extensions.agents.x-k8s.io/v1beta1` SandboxTemplate.
+pub fn templates() -> ApiResource {
+    resource(
+        "extensions.agents.x-k8s.io",
+        "SandboxTemplate",
+        "sandboxtemplates",
+    )
+}
+/// `extensions.agents.x-k8s.io/v1beta1` SandboxWarmPool.
+pub fn warm_pools() -> ApiResource {
+    resource(
+        "extensions.agents.x-k8s.io",
+        "SandboxWarmPool",
+        "sandboxwarmpools",
+    )
+}
+/// `extensions.agents.x-k8s.io/v1beta1` SandboxClaim.
+pub fn claims() -> ApiResource {
+    resource(
+        "extensions.agents.x-k8s.io",
+        "SandboxClaim",
+        "sandboxclaims",
+    )
+}
+
+/// Server-side apply of a manifest given as JSON.
+pub async fn apply(
+    api: &Api<DynamicObject>,
+    ar: &ApiResource,
+    name: &str,
+    body: Value,
+) -> Result<DynamicObject> {
+    let mut obj = body;
+    obj["apiVersion"] = json!(ar.api_version);
+    obj["kind"] = json!(ar.kind);
+    obj["metadata"]["name"] = json!(name);
+    api.patch(name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(obj))
+        .await
+        .with_context(|| format!("server-side apply of {} {name}", ar.kind))
+}
+
+/// `.status.readyReplicas` of a warm pool.
+pub fn ready_replicas(obj: Option<&DynamicObject>) -> i64 {
+    obj.and_then(|o| o.data["status"]["readyReplicas"].as_i64())
+        .unwrap_or(0)
+}
+
+/// The labels of `obj`, for equality checks.
+pub fn labels_of(meta: &ObjectMeta) -> BTreeMap<String, String> {
+    meta.labels.clone().unwrap_or_default()
+}
+
+/// Sorted member names of a pool body.
+pub fn member_names(pool: &Pool) -> Vec<String> {
+    let mut names: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
+    names.sort();
+    names
+}
+
+/// Sorted pod names of a pool body (members without a pod are an error).
+pub fn member_pods(pool: &Pool) -> Result<Vec<String>> {
+    let mut pods = Vec::new();
+    for s in &pool.sandboxes {
+        pods.push(
+            s.pod
+                .clone()
+                .with_context(|| format!("member {} has no pod: {pool:#?}", s.name))?,
+        );
+    }
+    pods.sort();
+    Ok(pods)
+}

@@ -1,0 +1,779 @@
+//! End-to-end tests of the allocation engine's `kube` backend through the
+//! HTTP API, against the real control plane of `tests/k8s/testenv.sh`
+//! (kube-apiserver, controller-manager with the hostpath provisioner, kwok as
+//! the kubelet, the agent-sandbox controller).
+//!
+//! Run with the environment up:
+//! `eval "$(tests/k8s/testenv.sh env)" && cargo test --features e2e --test k8s_pools_e2e`
+//!
+//! Everything under test goes through `/v1/sandbox-pools`; kube-rs only
+//! arranges (namespace, existing PVC, template + warm pool, a foreign
+//! object) and verifies (pod volumes, pods behind the selector, what is left
+//! after delete or rollback, garbage collection). Each test has its own
+//! namespace and its own service.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context as _, Result};
+use common::assert_error;
+use common::k8s::*;
+use context_service::backend::kube::crd::{Sandbox, SandboxClaim};
+use context_service::pool::wire::Pool;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+fn selector(pool: &str) -> String {
+    format!("context.rossoctl.io/pool={pool}")
+}
+
+/// `(claimName, volume readOnly, mount readOnly)` of the `workspace` volume.
+/// A pod has no `readOnly: false` (the controller's Go types omit false), so
+/// absent counts as `false`, as it does for the kubelet.
+fn workspace_volume(spec: &PodSpec) -> Result<(String, bool, bool)> {
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "workspace")
+        .context("no workspace volume")?;
+    let source = volume
+        .persistent_volume_claim
+        .as_ref()
+        .context("workspace volume is not a PVC")?;
+    let mount = spec
+        .containers
+        .iter()
+        .flat_map(|c| c.volume_mounts.iter().flatten())
+        .find(|m| m.name == "workspace")
+        .context("workspace is not mounted")?;
+    ensure!(mount.mount_path == "/workspace", "mount path {mount:?}");
+    Ok((
+        source.claim_name.clone(),
+        source.read_only.unwrap_or(false),
+        mount.read_only.unwrap_or(false),
+    ))
+}
+
+/// The workspace volume of a Sandbox's pod template and of its real pod.
+async fn volumes_of(env: &Env, sandbox: &str) -> Result<[(String, bool, bool); 2]> {
+    let sb = env.api::<Sandbox>().get(sandbox).await?;
+    let template = workspace_volume(&sb.spec.pod_template.spec)?;
+    let pod = env.api::<Pod>().get(sandbox).await?;
+    let live = workspace_volume(pod.spec.as_ref().context("pod without spec")?)?;
+    Ok([template, live])
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+// --- dedicated ---------------------------------------------------------------
+
+/// Dedicated RWO PVCs: one per Sandbox, owned by it, mounted read-write;
+/// ready through the controller and kwok; each pool's selector matches
+/// exactly its own pods; a second create is `409` and changes nothing; the
+/// garbage collector removes a PVC with its Sandbox; delete removes the rest.
+#[tokio::test]
+async fn dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox() {
+    with_env("e2e-dedicated", |env| async move {
+        let body = |name: &str, replicas: u32| {
+            json!({"name": name, "replicas": replicas,
+                   "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce", "storageClass": "standard"}})
+        };
+        let created = env.create_pool(&body("alpha", 2)).await?;
+        assert_eq!(created.name, "alpha");
+        assert_eq!(created.replicas, 2);
+        assert_eq!(created.sandbox_selector, selector("alpha"));
+        assert_eq!(created.workspace.access_mode, "ReadWriteOnce");
+        assert_eq!(created.workspace.size, "1Gi");
+        assert_eq!(created.workspace.storage_class.as_deref(), Some("standard"));
+        env.create_pool(&body("beta", 1)).await?;
+
+        let alpha = env.wait_ready("alpha").await?;
+        assert_eq!(alpha.ready_replicas, 2);
+        assert_eq!(member_names(&alpha), names(&["sandbox-alpha-0", "sandbox-alpha-1"]));
+        assert_eq!(member_pods(&alpha)?, names(&["sandbox-alpha-0", "sandbox-alpha-1"]));
+        assert!(alpha.sandboxes.iter().all(|s| s.ready), "{alpha:#?}");
+        let beta = env.wait_ready("beta").await?;
+        assert_eq!(member_pods(&beta)?, names(&["sandbox-beta-0"]));
+
+        // Each selector selects exactly its pool's pods, not the other's.
+        assert_eq!(
+            env.pods_matching(&alpha.sandbox_selector).await?,
+            member_pods(&alpha)?
+        );
+        assert_eq!(env.pods_matching(&beta.sandbox_selector).await?, member_pods(&beta)?);
+
+        let pvcs = env.api::<PersistentVolumeClaim>();
+        for i in 0..2 {
+            let (sandbox, pvc_name) = (format!("sandbox-alpha-{i}"), format!("alpha-workspace-{i}"));
+            let expected = (pvc_name.clone(), false, false);
+            assert_eq!(volumes_of(&env, &sandbox).await?, [expected.clone(), expected]);
+            let pvc = pvcs.get(&pvc_name).await?;
+            let spec = pvc.spec.clone().unwrap_or_default();
+            assert_eq!(spec.access_modes, Some(names(&["ReadWriteOnce"])));
+            assert_eq!(spec.storage_class_name.as_deref(), Some("standard"));
+            assert_eq!(pvc.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Bound"));
+            let sb = env.api::<Sandbox>().get(&sandbox).await?;
+            let owners: Vec<(String, String, String)> = pvc
+                .owner_references()
+                .iter()
+                .map(|o| (o.kind.clone(), o.name.clone(), o.uid.clone()))
+                .collect();
+            assert_eq!(owners, vec![("Sandbox".into(), sandbox.clone(), sb.uid().unwrap())]);
+        }
+
+        // Another owner does not see the pool.
+        let resp = env
+            .server
+            .http()
+            .get(env.server.url("/v1/sandbox-pools/alpha"))
+            .bearer_auth(env.server.user_token("mallory"))
+            .send()
+            .await?;
+        assert_error(resp, 404, "not_found", "sandbox pool not found").await;
+        let listed = |client: context_service::client::Client| async move {
+            let list = client.list_pools().await?;
+            Ok::<_, anyhow::Error>(list.items.into_iter().map(|p| p.name).collect::<Vec<_>>())
+        };
+        assert_eq!(listed(env.server.client(USER)).await?, names(&["alpha", "beta"]));
+        assert!(listed(env.server.client("mallory")).await?.is_empty());
+
+        // A second create of the name, with any strategy, is a conflict that
+        // touches nothing.
+        let before = env.names::<PersistentVolumeClaim>(&selector("alpha")).await?;
+        assert_error(env.post_pool(&body("alpha", 3)).await, 409, "already_exists", "sandbox pool already exists").await;
+        let shared = json!({"name": "alpha", "replicas": 1,
+                            "workspace": {"size": "1Gi", "accessMode": "ReadWriteMany"}});
+        assert_error(env.post_pool(&shared).await, 409, "already_exists", "sandbox pool already exists").await;
+        assert_eq!(env.names::<PersistentVolumeClaim>(&selector("alpha")).await?, before);
+        assert_eq!(
+            env.dyn_names(&sandboxes(), &selector("alpha")).await?,
+            names(&["sandbox-alpha-0", "sandbox-alpha-1"])
+        );
+
+        // Garbage collection: the PVC goes with its Sandbox (owner reference),
+        // the other sandbox's PVC stays.
+        env.api::<Sandbox>()
+            .delete("sandbox-alpha-0", &DeleteParams::background())
+            .await?;
+        wait_deleted(&pvcs, "alpha-workspace-0").await?;
+        wait_deleted(&env.api::<Pod>(), "sandbox-alpha-0").await?;
+        let kept = pvcs.get("alpha-workspace-1").await?;
+        assert!(kept.metadata.deletion_timestamp.is_none());
+        // The pool reports the loss instead of hiding it.
+        let broken = poll_until("alpha failed", || async {
+            let (status, text) = env.get_pool("alpha").await;
+            ensure!(status == 200, "GET answered {status}: {text}");
+            let pool: Pool = serde_json::from_str(&text)?;
+            Ok(if pool.status == "failed" { Ok(pool) } else { Err(text) })
+        })
+        .await?;
+        assert_eq!(broken.reason.as_deref(), Some("SandboxMissing"));
+        assert_eq!(broken.message.as_deref(), Some("1 of 2 sandboxes exist"));
+        assert_eq!(member_names(&broken), names(&["sandbox-alpha-1"]));
+        assert_eq!(broken.ready_replicas, 1);
+
+        env.delete_pool("alpha").await?;
+        env.wait_pool_objects_gone("alpha").await?;
+        let (status, text) = env.get_pool("alpha").await;
+        assert_eq!(status, 404, "{text}");
+        // DELETE is idempotent here (PoolService docs; upstream answers 404).
+        env.delete_pool("alpha").await?;
+        // The other pool is untouched.
+        let beta_now: Pool = serde_json::from_str(&env.get_pool("beta").await.1)?;
+        assert_eq!((beta_now.status.as_str(), beta_now.ready_replicas), ("ready", 1));
+        assert_eq!(env.pods_matching(&selector("beta")).await?, names(&["sandbox-beta-0"]));
+        Ok(())
+    })
+    .await;
+}
+
+// --- shared ------------------------------------------------------------------
+
+/// Shared RWX PVC: one claim for the pool, mounted read-write by every
+/// sandbox; delete removes it (it is managed).
+#[tokio::test]
+async fn shared_pool_mounts_one_rwx_pvc_in_every_sandbox() {
+    with_env("e2e-shared", |env| async move {
+        let created = env
+            .create_pool(&json!({"name": "team", "replicas": 3,
+                                 "workspace": {"size": "2Gi", "accessMode": "ReadWriteMany"}}))
+            .await?;
+        assert_eq!(created.workspace.access_mode, "ReadWriteMany");
+        // An immediate read agrees with the create (the watch caches have
+        // seen every object before the create answered).
+        let (status, text) = env.get_pool("team").await;
+        assert_eq!(status, 200, "{text}");
+        let read: Pool = serde_json::from_str(&text)?;
+        assert_eq!((read.replicas, read.sandboxes.len()), (3, 3), "{text}");
+        // As upstream: the PVC's class, filled in by default-class admission.
+        assert_eq!(created.workspace.storage_class.as_deref(), Some("standard"));
+        let pool = env.wait_ready("team").await?;
+        assert_eq!(pool.ready_replicas, 3);
+        let pods = names(&["sandbox-team-0", "sandbox-team-1", "sandbox-team-2"]);
+        assert_eq!(member_pods(&pool)?, pods);
+        assert_eq!(env.pods_matching(&pool.sandbox_selector).await?, pods);
+        assert_eq!(
+            env.names::<PersistentVolumeClaim>(&selector("team"))
+                .await?,
+            names(&["team-workspace"])
+        );
+        let pvc = env
+            .api::<PersistentVolumeClaim>()
+            .get("team-workspace")
+            .await?;
+        let spec = pvc.spec.clone().unwrap_or_default();
+        assert_eq!(spec.access_modes, Some(names(&["ReadWriteMany"])));
+        // No class asked: the cluster default (`standard`) applies.
+        assert_eq!(spec.storage_class_name.as_deref(), Some("standard"));
+        for pod in &pods {
+            let expected = ("team-workspace".to_string(), false, false);
+            assert_eq!(volumes_of(&env, pod).await?, [expected.clone(), expected]);
+        }
+        env.delete_pool("team").await?;
+        env.wait_pool_objects_gone("team").await?;
+        wait_deleted(&env.api::<PersistentVolumeClaim>(), "team-workspace").await?;
+        Ok(())
+    })
+    .await;
+}
+
+// --- existing ----------------------------------------------------------------
+
+/// An existing claim is mounted read-only or read-write as asked (pod
+/// template and real pod), unusable claims are `400`, and deleting the pools
+/// leaves the claim alone.
+#[tokio::test]
+async fn existing_pvc_is_mounted_as_asked_and_survives_delete() {
+    with_env("e2e-existing", |env| async move {
+        let data = env.existing_pvc("data", "ReadWriteMany").await?;
+        env.existing_pvc("single", "ReadWriteOnce").await?;
+
+        let missing = json!({"name": "x", "replicas": 1,
+                             "workspace": {"claimName": "nope", "readOnly": true}});
+        assert_error(
+            env.post_pool(&missing).await,
+            400,
+            "invalid_request",
+            "invalid sandbox pool: workspace claim \"nope\" not found",
+        )
+        .await;
+        let rwo = json!({"name": "x", "replicas": 2,
+                         "workspace": {"claimName": "single", "readOnly": false}});
+        assert_error(
+            env.post_pool(&rwo).await,
+            400,
+            "invalid_request",
+            "workspace claim \"single\" must support ReadWriteMany",
+        )
+        .await;
+        env.wait_pool_objects_gone("x").await?;
+
+        let ro = env
+            .create_pool(&json!({"name": "ro", "replicas": 2,
+                                 "workspace": {"claimName": "data", "readOnly": true}}))
+            .await?;
+        assert_eq!(ro.workspace.claim_name.as_deref(), Some("data"));
+        assert_eq!(ro.workspace.read_only, Some(true));
+        let rw = env
+            .create_pool(&json!({"name": "rw", "replicas": 1,
+                                 "workspace": {"claimName": "data", "readOnly": false}}))
+            .await?;
+        assert_eq!(rw.workspace.read_only, Some(false));
+
+        let ro = env.wait_ready("ro").await?;
+        let rw = env.wait_ready("rw").await?;
+        assert_eq!(ro.workspace.access_mode, "ReadWriteMany");
+        assert_eq!(ro.workspace.size, "1Gi");
+        assert_eq!(
+            env.pods_matching(&ro.sandbox_selector).await?,
+            names(&["sandbox-ro-0", "sandbox-ro-1"])
+        );
+        assert_eq!(
+            env.pods_matching(&rw.sandbox_selector).await?,
+            names(&["sandbox-rw-0"])
+        );
+        for sandbox in ["sandbox-ro-0", "sandbox-ro-1"] {
+            let expected = ("data".to_string(), true, true);
+            assert_eq!(
+                volumes_of(&env, sandbox).await?,
+                [expected.clone(), expected]
+            );
+        }
+        let expected = ("data".to_string(), false, false);
+        assert_eq!(
+            volumes_of(&env, "sandbox-rw-0").await?,
+            [expected.clone(), expected]
+        );
+        // No managed PVC for these strategies.
+        assert!(env
+            .names::<PersistentVolumeClaim>(&selector("ro"))
+            .await?
+            .is_empty());
+
+        env.delete_pool("ro").await?;
+        env.delete_pool("rw").await?;
+        env.wait_pool_objects_gone("ro").await?;
+        env.wait_pool_objects_gone("rw").await?;
+        let after = env.api::<PersistentVolumeClaim>().get("data").await?;
+        assert_eq!(after.uid(), data.uid());
+        assert!(after.metadata.deletion_timestamp.is_none(), "{after:#?}");
+        assert_eq!(labels_of(&after.metadata), labels_of(&data.metadata));
+        assert_eq!(after.status.and_then(|s| s.phase).as_deref(), Some("Bound"));
+        Ok(())
+    })
+    .await;
+}
+
+// --- warm pool ---------------------------------------------------------------
+
+/// Claims against a real SandboxWarmPool bind its warm sandboxes; the pool's
+/// members are those sandboxes, the selector matches exactly their pods
+/// (the controller copies our label onto them, which needs the allowed
+/// label domain of testenv.sh); delete releases them and leaves the warm
+/// pool and its template alone.
+#[tokio::test]
+async fn warm_pool_claims_bind_warm_sandboxes_and_release_them() {
+    with_env("e2e-warm", |env| async move {
+        env.warm_pool("wp", "tpl", 2).await?;
+        let wp_uid = env.dyn_api(&warm_pools()).get("wp").await?.uid();
+        let tpl_uid = env.dyn_api(&templates()).get("tpl").await?.uid();
+        let warm_before = env.dyn_names(&sandboxes(), "").await?;
+        assert_eq!(warm_before.len(), 2, "{warm_before:?}");
+
+        let missing = json!({"name": "x", "replicas": 1, "warmPoolRef": "nope"});
+        assert_error(
+            env.post_pool(&missing).await,
+            400,
+            "invalid_request",
+            "invalid sandbox pool: warm pool \"nope\" not found",
+        )
+        .await;
+
+        let created = env
+            .create_pool(&json!({"name": "hot", "replicas": 2, "warmPoolRef": "wp"}))
+            .await?;
+        assert_eq!(created.warm_pool_ref.as_deref(), Some("wp"));
+        assert_eq!(created.workspace.access_mode, "");
+        let (pool, _) = env.wait_pool("hot", TIMEOUT).await?;
+        assert_eq!(pool.status, "ready", "{pool:#?}");
+        assert_eq!(pool.ready_replicas, 2);
+        // The members are the adopted warm sandboxes, not the claim names.
+        assert_eq!(member_names(&pool), warm_before);
+        assert_eq!(member_pods(&pool)?, warm_before);
+        assert_eq!(
+            env.dyn_names(&claims(), &selector("hot")).await?,
+            names(&["claim-hot-0", "claim-hot-1"])
+        );
+        assert_eq!(
+            env.pods_matching(&pool.sandbox_selector).await?,
+            warm_before
+        );
+        // Claims expire by themselves (24 h default TTL) with their sandbox,
+        // as the API server stored them.
+        for claim in ["claim-hot-0", "claim-hot-1"] {
+            let claim = env.api::<SandboxClaim>().get(claim).await?;
+            let lifecycle = claim.spec.lifecycle.clone().context("no lifecycle")?;
+            assert_eq!(lifecycle.shutdown_policy.as_deref(), Some("Delete"));
+            let at: Timestamp = lifecycle
+                .shutdown_time
+                .context("no shutdownTime")?
+                .parse()?;
+            let ttl = at.duration_since(Timestamp::now()).as_secs();
+            assert!(
+                (86_000..=86_400).contains(&ttl),
+                "shutdownTime {at} is {ttl}s away"
+            );
+        }
+
+        env.delete_pool("hot").await?;
+        env.wait_pool_objects_gone("hot").await?;
+        for name in &warm_before {
+            wait_deleted(&env.dyn_api(&sandboxes()), name).await?;
+        }
+        // The warm pool and its template stay, and the pool refills.
+        let wp = env.dyn_api(&warm_pools()).get("wp").await?;
+        assert_eq!(wp.uid(), wp_uid);
+        assert!(wp.metadata.deletion_timestamp.is_none());
+        assert_eq!(env.dyn_api(&templates()).get("tpl").await?.uid(), tpl_uid);
+        let refill = poll_until("warm pool refilled with new sandboxes", || async {
+            let wp = env.dyn_api(&warm_pools()).get("wp").await?;
+            let now = env.dyn_names(&sandboxes(), "").await?;
+            Ok(if ready_replicas(Some(&wp)) == 2 && now.len() == 2 {
+                Ok(now)
+            } else {
+                Err(format!("{now:?}"))
+            })
+        })
+        .await?;
+        assert!(
+            refill.iter().all(|n| !warm_before.contains(n)),
+            "{refill:?}"
+        );
+        Ok(())
+    })
+    .await;
+}
+
+/// A pool that can never become ready: its warm pool disappears after the
+/// create was accepted. The long poll answers `failed` at once (not at its
+/// timeout) and the reason is the claims' `WarmPoolNotFound`.
+#[tokio::test]
+async fn pool_without_its_warm_pool_reports_failed_with_the_reason() {
+    with_env("e2e-nowarm", |env| async move {
+        // Empty and on a template that does not exist, so no claim can bind
+        // before the warm pool is gone.
+        apply(
+            &env.dyn_api(&warm_pools()),
+            &warm_pools(),
+            "ghost",
+            json!({"spec": {"replicas": 0, "sandboxTemplateRef": {"name": "no-template"}}}),
+        )
+        .await?;
+        env.create_pool(&json!({"name": "doomed", "replicas": 2, "warmPoolRef": "ghost"}))
+            .await?;
+        env.dyn_api(&warm_pools())
+            .delete("ghost", &DeleteParams::background())
+            .await?;
+        wait_deleted(&env.dyn_api(&warm_pools()), "ghost").await?;
+
+        let wait = Duration::from_secs(60);
+        let (pool, took) = env.wait_pool("doomed", wait).await?;
+        assert_eq!(pool.status, "failed", "{pool:#?}");
+        assert!(took < wait / 2, "the long poll took {took:?}");
+        // Before the deletion is seen the claims may report the missing
+        // template first; the controller requeues them and then reports the
+        // missing warm pool.
+        let pool = poll_until("reason WarmPoolNotFound", || async {
+            let (status, text) = env.get_pool("doomed").await;
+            ensure!(status == 200, "GET answered {status}: {text}");
+            let pool: Pool = serde_json::from_str(&text)?;
+            Ok(if pool.reason.as_deref() == Some("WarmPoolNotFound") {
+                Ok(pool)
+            } else {
+                Err(text)
+            })
+        })
+        .await?;
+        assert_eq!(pool.status, "failed");
+        assert_eq!(pool.ready_replicas, 0);
+        let message = pool.message.clone().unwrap_or_default();
+        assert!(
+            message.contains("ghost"),
+            "message {message:?} should name the warm pool"
+        );
+        env.delete_pool("doomed").await?;
+        env.wait_pool_objects_gone("doomed").await?;
+        Ok(())
+    })
+    .await;
+}
+
+// --- rollback ----------------------------------------------------------------
+
+/// A create that fails half-way (sandbox 1's name is taken by a foreign,
+/// unmanaged Sandbox, after the 3 PVCs and sandbox 0 were made) answers `409`
+/// and leaves nothing of the pool behind; the foreign object is untouched.
+#[tokio::test]
+async fn half_created_pool_is_rolled_back_completely() {
+    with_env("e2e-rollback", |env| async move {
+        let foreign: Sandbox = serde_json::from_value(json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "metadata": {"name": "sandbox-rb-1", "labels": {"team": "other"}},
+            "spec": {"podTemplate": {"spec": {"containers": [
+                {"name": "main", "image": IMAGE, "command": ["sleep", "infinity"]}]}}}
+        }))?;
+        let foreign = env
+            .api::<Sandbox>()
+            .create(&PostParams::default(), &foreign)
+            .await?;
+
+        let body = json!({"name": "rb", "replicas": 3,
+                          "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
+        assert_error(
+            env.post_pool(&body).await,
+            409,
+            "already_exists",
+            "sandbox pool already exists",
+        )
+        .await;
+
+        env.wait_pool_objects_gone("rb").await?;
+        for pvc in ["rb-workspace-0", "rb-workspace-1", "rb-workspace-2"] {
+            wait_deleted(&env.api::<PersistentVolumeClaim>(), pvc).await?;
+        }
+        wait_deleted(&env.api::<Sandbox>(), "sandbox-rb-0").await?;
+        let (status, text) = env.get_pool("rb").await;
+        assert_eq!(status, 404, "{text}");
+
+        let after = env.api::<Sandbox>().get("sandbox-rb-1").await?;
+        assert_eq!(after.uid(), foreign.uid());
+        assert!(after.metadata.deletion_timestamp.is_none(), "{after:#?}");
+        assert_eq!(labels_of(&after.metadata), labels_of(&foreign.metadata));
+        assert_eq!(after.metadata.generation, foreign.metadata.generation);
+        Ok(())
+    })
+    .await;
+}
+
+/// The same for claims: the foreign claim `claim-wrb-1` stops the create after
+/// `claim-wrb-0` exists (and may have adopted a warm sandbox). Afterwards no
+/// claim of the pool, no pod with its label and no sandbox held by its claim
+/// is left; the foreign claim keeps its sandbox.
+#[tokio::test]
+async fn half_created_warm_pool_is_rolled_back_completely() {
+    with_env("e2e-warm-rollback", |env| async move {
+        env.warm_pool("wp", "tpl", 2).await?;
+        let foreign = apply(
+            &env.dyn_api(&claims()),
+            &claims(),
+            "claim-wrb-1",
+            json!({"spec": {"warmPoolRef": {"name": "wp"}}}),
+        )
+        .await?;
+        let body = json!({"name": "wrb", "replicas": 2, "warmPoolRef": "wp"});
+        assert_error(
+            env.post_pool(&body).await,
+            409,
+            "already_exists",
+            "sandbox pool already exists",
+        )
+        .await;
+        wait_deleted(&env.api::<SandboxClaim>(), "claim-wrb-0").await?;
+        env.wait_pool_objects_gone("wrb").await?;
+        // Every sandbox a claim holds is the foreign claim's.
+        let holders = poll_until("only the foreign claim holds a sandbox", || async {
+            let mut holders: Vec<String> = env
+                .api::<Sandbox>()
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .filter(|sb| sb.metadata.deletion_timestamp.is_none())
+                .flat_map(|sb| sb.owner_references().to_vec())
+                .filter(|o| o.kind == "SandboxClaim" && o.controller == Some(true))
+                .map(|o| o.name)
+                .collect();
+            holders.sort();
+            Ok(
+                if holders.iter().all(|h| h == "claim-wrb-1") && !holders.is_empty() {
+                    Ok(holders)
+                } else {
+                    Err(format!("{holders:?}"))
+                },
+            )
+        })
+        .await?;
+        assert_eq!(holders, names(&["claim-wrb-1"]));
+        let after = env.dyn_api(&claims()).get("claim-wrb-1").await?;
+        assert_eq!(after.uid(), foreign.uid());
+        assert!(after.metadata.deletion_timestamp.is_none(), "{after:#?}");
+        Ok(())
+    })
+    .await;
+}
+
+/// Two services on one namespace (two replicas, or an old and a new pod
+/// during a rollout) create the same pool at the same moment: exactly one
+/// gets `201`, the other `409`, and exactly one pool's objects exist (no half
+/// pool of the loser, no rollback of the winner's objects).
+#[tokio::test]
+async fn racing_creates_from_two_services_make_one_pool() {
+    with_env("e2e-race", |env| async move {
+        let other = start_server(&env.ns).await;
+        let body = json!({"name": "race", "replicas": 3,
+                          "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
+        let post = |server: &common::TestServer| {
+            server
+                .http()
+                .post(server.url("/v1/sandbox-pools"))
+                .bearer_auth(server.user_token(USER))
+                .json(&body)
+                .send()
+        };
+        let (a, b) = tokio::join!(post(&env.server), post(&other));
+        let codes = [a?.status().as_u16(), b?.status().as_u16()];
+        let mut sorted = codes;
+        sorted.sort();
+        assert_eq!(sorted, [201, 409]);
+        // Each service has its own owner-scope key (its data dir), so only
+        // the winner's service shows the pool to the caller.
+        let winner = if codes[0] == 201 { &env.server } else { &other };
+        let pool = winner.client(USER).wait_pool("race", TIMEOUT).await?;
+        assert_eq!(pool.status, "ready", "{pool:#?}");
+        assert_eq!(pool.ready_replicas, 3);
+        assert_eq!(
+            env.names::<PersistentVolumeClaim>(&selector("race"))
+                .await?,
+            names(&["race-workspace-0", "race-workspace-1", "race-workspace-2"])
+        );
+        assert_eq!(
+            env.dyn_names(&sandboxes(), &selector("race")).await?,
+            names(&["sandbox-race-0", "sandbox-race-1", "sandbox-race-2"])
+        );
+        Ok(())
+    })
+    .await;
+}
+
+// --- long poll -----------------------------------------------------------------
+
+/// `?wait=ready` holds until the pool is ready (answering well before its
+/// timeout), and on a pool that cannot get there in time answers its
+/// current `provisioning` status at the timeout.
+#[tokio::test]
+async fn long_poll_waits_for_ready_and_times_out_with_the_current_status() {
+    with_env("e2e-wait", |env| async move {
+        let t0 = Instant::now();
+        let created = env
+            .create_pool(&json!({"name": "w", "replicas": 2,
+                                 "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}}))
+            .await?;
+        let wait = Duration::from_secs(80);
+        let (pool, took) = env.wait_pool("w", wait).await?;
+        assert_eq!((pool.status.as_str(), pool.ready_replicas), ("ready", 2), "{pool:#?}");
+        assert!(took < wait, "long poll took {took:?}");
+        println!("create answered {} after {:?}; ready after {:?}", created.status, t0.elapsed() - took, t0.elapsed());
+
+        // A workspace no provisioner serves (unknown class): the PVC stays
+        // Pending, so does the pod, and the pool stays provisioning.
+        env.create_pool(&json!({"name": "stuck", "replicas": 1,
+                                "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce", "storageClass": "no-such-class"}}))
+            .await?;
+        let wait = Duration::from_secs(3);
+        let (pool, took) = env.wait_pool("stuck", wait).await?;
+        assert_eq!(pool.status, "provisioning", "{pool:#?}");
+        assert_eq!(pool.ready_replicas, 0);
+        assert!(took >= wait && took < wait + Duration::from_secs(10), "long poll took {took:?}");
+        env.delete_pool("stuck").await?;
+        env.delete_pool("w").await?;
+        env.wait_pool_objects_gone("stuck").await?;
+        env.wait_pool_objects_gone("w").await?;
+        Ok(())
+    })
+    .await;
+}
+
+// --- benchmark (run by benches/k8s_pools.sh) ----------------------------------
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[idx]
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64())
+}
+
+fn millis(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1000.0)
+}
+
+/// The create body of `strategy` for pool `name` of `replicas`.
+fn bench_body(strategy: &str, name: &str, replicas: u32) -> serde_json::Value {
+    match strategy {
+        "warm" => json!({"name": name, "replicas": replicas, "warmPoolRef": "bench"}),
+        _ => json!({"name": name, "replicas": replicas,
+                    "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}}),
+    }
+}
+
+/// `POST` then `?wait=ready`: (create latency, create → ready).
+async fn create_until_ready(env: &Env, body: &serde_json::Value) -> Result<(Duration, Duration)> {
+    let name = body["name"].as_str().unwrap_or_default().to_owned();
+    let t0 = Instant::now();
+    env.create_pool(body).await?;
+    let created = t0.elapsed();
+    env.wait_ready(&name).await?;
+    Ok((created, t0.elapsed()))
+}
+
+/// Time from `POST /v1/sandbox-pools` to `ready` for 1, 10 and 50 replicas
+/// (warm pool filled to the replica count beforehand; dedicated with fresh
+/// RWO PVCs), then 20 concurrent creates of one-replica pools: create
+/// latency and create → ready, p50/p99 (with 20 samples p99 is the max).
+/// Each row runs in a fresh namespace with a fresh service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run by benches/k8s_pools.sh"]
+async fn bench_pools() {
+    let rows = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    for strategy in ["warm", "dedicated"] {
+        for replicas in [1u32, 10, 50] {
+            let rows = rows.clone();
+            with_env("e2e-bench", move |env| async move {
+                if strategy == "warm" {
+                    env.warm_pool("bench", "bench", i64::from(replicas)).await?;
+                }
+                env.warm_up().await?;
+                let body = bench_body(strategy, "p", replicas);
+                let (created, ready) = create_until_ready(&env, &body).await?;
+                let row = format!(
+                    "| {strategy:9} | {replicas:8} | {:>14} | {:>15} |",
+                    millis(created),
+                    secs(ready)
+                );
+                println!("{row}");
+                rows.lock().unwrap().push(row);
+                Ok(())
+            })
+            .await;
+        }
+    }
+    let mut concurrent = Vec::new();
+    for strategy in ["warm", "dedicated"] {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        with_env("e2e-bench", move |env| async move {
+            if strategy == "warm" {
+                env.warm_pool("bench", "bench", 20).await?;
+            }
+            env.warm_up().await?;
+            let env = std::sync::Arc::new(env);
+            let tasks: Vec<_> = (0..20)
+                .map(|i| {
+                    let env = env.clone();
+                    tokio::spawn(async move {
+                        create_until_ready(&env, &bench_body(strategy, &format!("c{i}"), 1)).await
+                    })
+                })
+                .collect();
+            let (mut created, mut ready) = (Vec::new(), Vec::new());
+            for task in tasks {
+                let (c, r) = task.await??;
+                created.push(c);
+                ready.push(r);
+            }
+            created.sort();
+            ready.sort();
+            let row = format!(
+                "| {strategy:9} | {:>10} | {:>10} | {:>10} | {:>10} |",
+                millis(percentile(&created, 0.5)),
+                millis(percentile(&created, 0.99)),
+                millis(percentile(&ready, 0.5)),
+                millis(percentile(&ready, 0.99)),
+            );
+            println!("{row}");
+            let _ = tx.send(row);
+            Ok(())
+        })
+        .await;
+        concurrent.push(rx.await.expect("row"));
+    }
+    println!("\nPOST /v1/sandbox-pools -> ready (one pool; fresh namespace and service)\n");
+    println!("| strategy  | replicas | create (ms)    | to ready (s)    |");
+    println!("|-----------|----------|----------------|-----------------|");
+    for row in rows.lock().unwrap().iter() {
+        println!("{row}");
+    }
+    println!("\n20 concurrent creates of one-replica pools (ms; p99 of 20 = max)\n");
+    println!("| strategy  | create p50 | create p99 | ready p50  | ready p99  |");
+    println!("|-----------|------------|------------|------------|------------|");
+    for row in &concurrent {
+        println!("{row}");
+    }
+}
