@@ -9,171 +9,28 @@
 //! backend relies on. They use dynamic objects on purpose, so they do not
 //! depend on the backend's own types. Every test works in its own namespace.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, ensure, Context as _, Result};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ServiceAccount};
+use anyhow::{anyhow, ensure, Context as _, Result};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{
-    ApiResource, AttachParams, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
-    PatchParams, PostParams,
+    ApiResource, AttachParams, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta,
+    PostParams,
 };
-use kube::runtime::wait::{await_condition, Condition};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::wait::Condition;
+use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const FIELD_MANAGER: &str = "context-service-e2e";
-/// Generous: two cores are shared by the whole control plane and cargo.
-const TIMEOUT: Duration = Duration::from_secs(90);
+mod common;
 
-// --- environment -------------------------------------------------------------
-
-async fn client() -> Client {
-    // Fail, do not skip: a missing environment must not look like a pass.
-    if std::env::var_os("KUBECONFIG").is_none() {
-        panic!(
-            "KUBECONFIG is not set. Start the environment and export it first:\n  \
-             tests/k8s/testenv.sh build && tests/k8s/testenv.sh up && \
-             eval \"$(tests/k8s/testenv.sh env)\""
-        );
-    }
-    Client::try_default()
-        .await
-        .expect("cannot build a client from KUBECONFIG")
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", rand::random::<u32>())
-}
-
-/// Runs `body` in a fresh namespace and deletes the namespace afterwards,
-/// also when `body` fails or panics.
-async fn in_namespace<F, Fut>(prefix: &str, body: F)
-where
-    F: FnOnce(Client, String) -> Fut,
-    Fut: Future<Output = Result<()>> + Send + 'static,
-{
-    let client = client().await;
-    let ns = unique(prefix);
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let meta = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.clone()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    namespaces
-        .create(&PostParams::default(), &meta)
-        .await
-        .expect("create namespace");
-    // ServiceAccount admission rejects pods until kube-controller-manager has
-    // created the namespace's default ServiceAccount.
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
-    wait_for(
-        &accounts,
-        "default",
-        "default ServiceAccount",
-        |sa: Option<&ServiceAccount>| sa.is_some(),
-    )
-    .await
-    .expect("default ServiceAccount");
-    let outcome = tokio::spawn(body(client, ns.clone())).await;
-    // Background deletion: the namespace controller and the garbage collector
-    // clean up; the test does not wait for it.
-    let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
-    match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => panic!("{e:?}"),
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
-}
-
-/// Waits for `cond` on the named object through a watch; on timeout the error
-/// carries the object's last state.
-async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, cond: impl Condition<K>) -> Result<K>
-where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-{
-    match tokio::time::timeout(TIMEOUT, await_condition(api.clone(), name, cond)).await {
-        Ok(Ok(Some(obj))) => Ok(obj),
-        Ok(Ok(None)) => bail!("{name} was deleted while waiting for {what}"),
-        Ok(Err(e)) => Err(e).with_context(|| format!("watching {name} for {what}")),
-        Err(_) => {
-            let last = api.get_opt(name).await.ok().flatten();
-            bail!("timed out after {TIMEOUT:?} waiting for {name}: {what}; last state: {last:#?}")
-        }
-    }
-}
-
-/// Polls until the named object is gone.
-async fn wait_gone<K>(api: &Api<K>, name: &str) -> Result<()>
-where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    while Instant::now() < deadline {
-        if api.get_opt(name).await?.is_none() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!(
-        "{name} still exists after {TIMEOUT:?}: {:#?}",
-        api.get_opt(name).await?
-    )
-}
-
-// --- agent-sandbox resources (v1beta1 only) ----------------------------------
-
-fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1beta1", kind), plural)
-}
-
-fn sandboxes() -> ApiResource {
-    resource("agents.x-k8s.io", "Sandbox", "sandboxes")
-}
-fn templates() -> ApiResource {
-    resource(
-        "extensions.agents.x-k8s.io",
-        "SandboxTemplate",
-        "sandboxtemplates",
-    )
-}
-fn warm_pools() -> ApiResource {
-    resource(
-        "extensions.agents.x-k8s.io",
-        "SandboxWarmPool",
-        "sandboxwarmpools",
-    )
-}
-fn claims() -> ApiResource {
-    resource(
-        "extensions.agents.x-k8s.io",
-        "SandboxClaim",
-        "sandboxclaims",
-    )
-}
+use common::k8s::{
+    apply, claims, sandboxes, templates, wait_deleted, wait_for, warm_pools, with_namespace,
+    TIMEOUT,
+};
 
 fn dyn_api(client: &Client, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, ar)
-}
-
-/// Server-side apply of a manifest given as JSON.
-async fn apply(
-    api: &Api<DynamicObject>,
-    ar: &ApiResource,
-    name: &str,
-    body: Value,
-) -> Result<DynamicObject> {
-    let mut obj = body;
-    obj["apiVersion"] = json!(ar.api_version);
-    obj["kind"] = json!(ar.kind);
-    obj["metadata"]["name"] = json!(name);
-    api.patch(name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(obj))
-        .await
-        .with_context(|| format!("server-side apply of {} {name}", ar.kind))
 }
 
 fn pod_template() -> Value {
@@ -320,7 +177,7 @@ fn exit_code(status: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status) ->
 
 #[tokio::test]
 async fn exec_streams_stdin_and_stdout_and_reports_exit_status() {
-    in_namespace("e2e-exec", |client, ns| async move {
+    with_namespace("e2e-exec", |client, ns| async move {
         let workdir = exec_ready_pod(&client, &ns, "exec-target").await?;
         let pods: Api<Pod> = Api::namespaced(client, &ns);
 
@@ -382,7 +239,7 @@ async fn exec_streams_stdin_and_stdout_and_reports_exit_status() {
 
 #[tokio::test]
 async fn sandbox_with_volume_claim_template_becomes_ready_and_is_garbage_collected() {
-    in_namespace("e2e-sandbox", |client, ns| async move {
+    with_namespace("e2e-sandbox", |client, ns| async move {
         let ar = sandboxes();
         let api = dyn_api(&client, &ns, &ar);
         let name = "sb-1";
@@ -476,9 +333,9 @@ async fn sandbox_with_volume_claim_template_becomes_ready_and_is_garbage_collect
         // Deleting the Sandbox cascades to pod and PVC through the garbage
         // collector (agent-sandbox has no finalizers).
         api.delete(name, &DeleteParams::background()).await?;
-        wait_gone(&api, name).await?;
-        wait_gone(&pods, &pod_name).await?;
-        wait_gone(&pvcs, &pvc_name).await?;
+        wait_deleted(&api, name).await?;
+        wait_deleted(&pods, &pod_name).await?;
+        wait_deleted(&pvcs, &pvc_name).await?;
         Ok(())
     })
     .await;
@@ -486,7 +343,7 @@ async fn sandbox_with_volume_claim_template_becomes_ready_and_is_garbage_collect
 
 #[tokio::test]
 async fn unschedulable_sandbox_reports_why_it_is_not_ready() {
-    in_namespace("e2e-unsched", |client, ns| async move {
+    with_namespace("e2e-unsched", |client, ns| async move {
         let ar = sandboxes();
         let api = dyn_api(&client, &ns, &ar);
         let mut tpl = pod_template();
@@ -546,7 +403,7 @@ async fn warm_pool(client: &Client, ns: &str, name: &str, replicas: i64) -> Resu
 
 #[tokio::test]
 async fn claim_binds_a_warm_pool_sandbox() {
-    in_namespace("e2e-claim", |client, ns| async move {
+    with_namespace("e2e-claim", |client, ns| async move {
         warm_pool(&client, &ns, "pool", 2).await?;
         let car = claims();
         let claims = dyn_api(&client, &ns, &car);
@@ -629,8 +486,8 @@ async fn claim_binds_a_warm_pool_sandbox() {
         claims
             .delete("claim-1", &DeleteParams::background())
             .await?;
-        wait_gone(&sandboxes, &bound).await?;
-        wait_gone(&pods, &pod_name).await?;
+        wait_deleted(&sandboxes, &bound).await?;
+        wait_deleted(&pods, &pod_name).await?;
         ensure!(
             ready_replicas(pools.get_opt("pool").await?.as_ref()) == 2,
             "pool changed"
@@ -642,7 +499,7 @@ async fn claim_binds_a_warm_pool_sandbox() {
 
 #[tokio::test]
 async fn claim_against_missing_warm_pool_reports_warm_pool_not_found() {
-    in_namespace("e2e-nopool", |client, ns| async move {
+    with_namespace("e2e-nopool", |client, ns| async move {
         let car = claims();
         let claims = dyn_api(&client, &ns, &car);
         apply(
@@ -703,7 +560,7 @@ fn summary(name: &str, mut lat: Vec<Duration>) -> String {
 #[ignore = "measurement; run explicitly"]
 async fn claim_latency() {
     for n in [1usize, 10, 50] {
-        in_namespace("e2e-latency", move |client, ns| async move {
+        with_namespace("e2e-latency", move |client, ns| async move {
             let pool = "pool".to_owned();
             let started = Instant::now();
             warm_pool(&client, &ns, &pool, n as i64).await?;

@@ -59,12 +59,11 @@ pub struct Env {
     pub server: TestServer,
 }
 
-/// Creates a fresh namespace and starts the service with the `kube` backend
-/// in it, runs `body`, and deletes the namespace afterwards, also when `body`
-/// fails or panics.
-pub async fn with_env<F, Fut>(prefix: &str, body: F)
+/// Runs `body` in a fresh namespace and deletes the namespace afterwards,
+/// also when `body` fails or panics.
+pub async fn with_namespace<F, Fut>(prefix: &str, body: F)
 where
-    F: FnOnce(Env) -> Fut,
+    F: FnOnce(Client, String) -> Fut,
     Fut: Future<Output = Result<()>> + Send + 'static,
 {
     let kube = kube_client().await;
@@ -92,13 +91,7 @@ where
     )
     .await
     .expect("default ServiceAccount");
-    let server = start_server(&ns).await;
-    let env = Env {
-        kube,
-        ns: ns.clone(),
-        server,
-    };
-    let outcome = tokio::spawn(body(env)).await;
+    let outcome = tokio::spawn(body(kube, ns.clone())).await;
     // Background deletion: the namespace controller and the garbage collector
     // clean up; the test does not wait for it.
     let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
@@ -107,6 +100,21 @@ where
         Ok(Err(e)) => panic!("{e:?}"),
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
+}
+
+/// Creates a fresh namespace and starts the service with the `kube` backend
+/// in it, runs `body`, and deletes the namespace afterwards, also when `body`
+/// fails or panics.
+pub async fn with_env<F, Fut>(prefix: &str, body: F)
+where
+    F: FnOnce(Env) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    with_namespace(prefix, |kube, ns| async move {
+        let server = start_server(&ns).await;
+        body(Env { kube, ns, server }).await
+    })
+    .await
 }
 
 /// The real service with the `kube` backend on namespace `ns`.
