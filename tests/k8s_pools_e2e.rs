@@ -777,3 +777,21 @@ async fn bench_pools() {
         println!("{row}");
     }
 }
+
+/// `/readyz` answers `ready` only after asking the Kubernetes API.
+#[tokio::test]
+async fn readyz_reaches_the_kubernetes_api() {
+    with_env("e2e-ready", |env| async move {
+        let resp = env
+            .server
+            .http()
+            .get(env.server.url("/readyz"))
+            .send()
+            .await?;
+        ensure!(resp.status() == 200, "readyz answered {}", resp.status());
+        let body: serde_json::Value = resp.json().await?;
+        ensure!(body["status"] == "ready", "readyz body {body}");
+        Ok(())
+    })
+    .await;
+}

@@ -18,6 +18,8 @@ async fn health_and_dev_token_on_first_start() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["status"], "ready");
 }
 
 #[tokio::test]

@@ -107,6 +107,12 @@ pub trait SandboxBackend: Send + Sync + 'static {
 
     /// Deletes the named context's volume; `false` when it did not exist.
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError>;
+
+    /// Whether the backend can serve requests now, for `/readyz`. Local
+    /// directories are always there; a cluster backend checks its API.
+    async fn check_ready(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// Builds the backend `config` selects.

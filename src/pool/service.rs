@@ -50,6 +50,19 @@ impl PoolService {
         &self.backend
     }
 
+    /// `Ok` when the backend can serve requests; else `503 not_ready` (the
+    /// cause goes to the log, not to the prober).
+    pub async fn check_ready(&self) -> ApiResult<()> {
+        self.backend.check_ready().await.map_err(|e| {
+            tracing::warn!(error = %e, "sandbox backend not ready");
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "not_ready",
+                "the sandbox backend is not reachable; see the service log",
+            )
+        })
+    }
+
     /// Validates `req` and creates the pool for `owner_scope`.
     ///
     /// The backend runs in its own task: if the client disconnects, this
@@ -313,6 +326,21 @@ mod tests {
         async fn delete_context(&self, _: &str, _: &str) -> Result<bool, BackendError> {
             Ok(false)
         }
+        async fn check_ready(&self) -> Result<(), BackendError> {
+            Err(BackendError::internal(
+                "reach the Kubernetes API",
+                std::io::Error::other("connection refused"),
+            ))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_backend_is_not_ready_without_leaking_why() {
+        let service = PoolService::new(Arc::new(SlowFailing::default()));
+        let err = service.check_ready().await.unwrap_err();
+        assert_eq!(err.status(), 503);
+        assert_eq!(err.code(), "not_ready");
+        assert!(!err.message().contains("connection refused"));
     }
 
     fn request() -> CreatePoolRequest {

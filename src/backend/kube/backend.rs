@@ -589,6 +589,10 @@ impl KubeBackend {
 
 #[async_trait::async_trait]
 impl SandboxBackend for KubeBackend {
+    async fn check_ready(&self) -> Result<(), BackendError> {
+        self.check_api().await
+    }
+
     async fn create_pool(&self, spec: &PoolSpec) -> Result<PoolStatus, BackendError> {
         // A concurrent create of the same name in this process is a conflict;
         // across processes the pre-check and the API's 409 catch it.
