@@ -25,13 +25,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 mod common;
 
 use common::k8s::{
-    apply, claims, sandboxes, templates, wait_deleted, wait_for, warm_pools, with_namespace,
-    TIMEOUT,
+    apply, claims, create_warm_pool, dyn_api, ready_replicas, sandboxes, wait_deleted, wait_for,
+    warm_pools, with_namespace, TIMEOUT,
 };
-
-fn dyn_api(client: &Client, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, ar)
-}
 
 fn pod_template() -> Value {
     json!({
@@ -54,11 +50,6 @@ fn condition_is(type_: &'static str, status: &'static str) -> impl Condition<Dyn
         obj.and_then(|o| condition(o, type_))
             .is_some_and(|c| c["status"] == status)
     }
-}
-
-fn ready_replicas(obj: Option<&DynamicObject>) -> i64 {
-    obj.and_then(|o| o.data["status"]["readyReplicas"].as_i64())
-        .unwrap_or(0)
 }
 
 fn controller_of(meta: &ObjectMeta) -> Option<(String, String, String)> {
@@ -372,39 +363,10 @@ async fn unschedulable_sandbox_reports_why_it_is_not_ready() {
 
 // --- SandboxClaim against a SandboxWarmPool ----------------------------------
 
-/// A template and a warm pool of `replicas` Ready sandboxes.
-async fn warm_pool(client: &Client, ns: &str, name: &str, replicas: i64) -> Result<()> {
-    let tar = templates();
-    apply(
-        &dyn_api(client, ns, &tar),
-        &tar,
-        name,
-        json!({"spec": {"podTemplate": pod_template()}}),
-    )
-    .await?;
-    let par = warm_pools();
-    let pools = dyn_api(client, ns, &par);
-    apply(
-        &pools,
-        &par,
-        name,
-        json!({"spec": {"replicas": replicas, "sandboxTemplateRef": {"name": name}}}),
-    )
-    .await?;
-    wait_for(
-        &pools,
-        name,
-        "warm pool filled",
-        move |o: Option<&DynamicObject>| ready_replicas(o) == replicas,
-    )
-    .await?;
-    Ok(())
-}
-
 #[tokio::test]
 async fn claim_binds_a_warm_pool_sandbox() {
     with_namespace("e2e-claim", |client, ns| async move {
-        warm_pool(&client, &ns, "pool", 2).await?;
+        create_warm_pool(&client, &ns, "pool", "pool", 2).await?;
         let car = claims();
         let claims = dyn_api(&client, &ns, &car);
         apply(
@@ -563,7 +525,7 @@ async fn claim_latency() {
         with_namespace("e2e-latency", move |client, ns| async move {
             let pool = "pool".to_owned();
             let started = Instant::now();
-            warm_pool(&client, &ns, &pool, n as i64).await?;
+            create_warm_pool(&client, &ns, &pool, &pool, n as i64).await?;
             let fill = started.elapsed();
             let car = claims();
             let claims = dyn_api(&client, &ns, &car);

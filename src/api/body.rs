@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 
-/// Largest JSON request body.
-pub const JSON_LIMIT: usize = 1024 * 1024;
+/// Largest JSON request body: the one limit every JSON route shares.
+pub const JSON_LIMIT: usize = super::json::MAX_BODY;
 
 /// A parsed JSON request body.
 #[derive(Debug)]

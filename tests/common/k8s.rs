@@ -139,7 +139,7 @@ impl Env {
 
     /// A dynamic API in the test namespace.
     pub fn dyn_api(&self, ar: &ApiResource) -> Api<DynamicObject> {
-        Api::namespaced_with(self.kube.clone(), &self.ns, ar)
+        dyn_api(&self.kube, &self.ns, ar)
     }
 
     /// A raw request as [`USER`].
@@ -346,32 +346,50 @@ impl Env {
     /// A SandboxTemplate `template` and a SandboxWarmPool `name` of
     /// `replicas` on it; waits until `replicas` warm sandboxes are ready.
     pub async fn warm_pool(&self, name: &str, template: &str, replicas: i64) -> Result<()> {
-        apply(
-            &self.dyn_api(&templates()),
-            &templates(),
-            template,
-            json!({"spec": {"podTemplate": {"spec": {"containers": [
-                {"name": "main", "image": IMAGE, "command": ["sleep", "infinity"]}
-            ]}}}}),
-        )
-        .await?;
-        let pools = self.dyn_api(&warm_pools());
-        apply(
-            &pools,
-            &warm_pools(),
-            name,
-            json!({"spec": {"replicas": replicas, "sandboxTemplateRef": {"name": template}}}),
-        )
-        .await?;
-        wait_for(
-            &pools,
-            name,
-            "warm pool filled",
-            move |o: Option<&DynamicObject>| ready_replicas(o) == replicas,
-        )
-        .await?;
-        Ok(())
+        create_warm_pool(&self.kube, &self.ns, name, template, replicas).await
     }
+}
+
+/// A dynamic API in namespace `ns`.
+pub fn dyn_api(kube: &Client, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
+    Api::namespaced_with(kube.clone(), ns, ar)
+}
+
+/// A SandboxTemplate `template` (one sleeping container) and a
+/// SandboxWarmPool `name` of `replicas` on it, in `ns`; waits until
+/// `replicas` warm sandboxes are ready.
+pub async fn create_warm_pool(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+    template: &str,
+    replicas: i64,
+) -> Result<()> {
+    apply(
+        &dyn_api(kube, ns, &templates()),
+        &templates(),
+        template,
+        json!({"spec": {"podTemplate": {"spec": {"containers": [
+            {"name": "main", "image": IMAGE, "command": ["sleep", "infinity"]}
+        ]}}}}),
+    )
+    .await?;
+    let pools = dyn_api(kube, ns, &warm_pools());
+    apply(
+        &pools,
+        &warm_pools(),
+        name,
+        json!({"spec": {"replicas": replicas, "sandboxTemplateRef": {"name": template}}}),
+    )
+    .await?;
+    wait_for(
+        &pools,
+        name,
+        "warm pool filled",
+        move |o: Option<&DynamicObject>| ready_replicas(o) == replicas,
+    )
+    .await?;
+    Ok(())
 }
 
 /// Polls `check` (every 100 ms, up to [`TIMEOUT`]) until it gives `Ok(value)`;
