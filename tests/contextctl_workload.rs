@@ -2,11 +2,10 @@
 //! development token through `--data-dir` as a newcomer would.
 
 mod common;
-mod workloads_support;
 
+use common::workload_bundles::{sha256, tgz, unpack};
 use common::TestServer;
 use serde_json::Value;
-use workloads_support::{sha256, tgz, unpack};
 
 struct Run {
     code: i32,

@@ -2,13 +2,12 @@
 //! isolation, grants, concurrency and downloads.
 
 mod common;
-mod workloads_support;
 
+use common::workload_bundles::{gunzip, noise, sha256, tgz, tgz_raw_name, unpack, MEDIA};
 use common::{assert_error, TestServer};
 use context_service::client::ClientError;
 use reqwest::header;
 use serde_json::{json, Value};
-use workloads_support::{gunzip, noise, sha256, tgz, tgz_raw_name, unpack, MEDIA};
 
 fn api_code(e: &ClientError) -> (u16, String) {
     match e {

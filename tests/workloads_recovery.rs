@@ -2,11 +2,10 @@
 //! leaving what a `kill -9` would leave on disk).
 
 mod common;
-mod workloads_support;
 
+use common::workload_bundles::{sha256, tgz, unpack};
 use common::{assert_error, TestServer};
 use context_service::store::{MetadataStore, RedbStore, WorkloadStatus};
-use workloads_support::{sha256, tgz, unpack};
 
 #[tokio::test]
 async fn restart_keeps_everything() {

@@ -5,6 +5,7 @@
 mod archive;
 #[cfg(feature = "e2e")]
 pub mod k8s;
+pub mod workload_bundles;
 #[allow(unused_imports)]
 pub use archive::*;
 

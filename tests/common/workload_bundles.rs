@@ -1,7 +1,6 @@
 //! Bundles and helpers shared by the workload tests.
-#![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::Read;
 
 use flate2::write::GzEncoder;
 use flate2::Compression;
@@ -27,23 +26,7 @@ pub fn tgz(files: &[(&str, &[u8])]) -> Vec<u8> {
 /// A gzip-compressed tar with one member whose raw name is `name` (the tar
 /// crate refuses `..` in `append_data`, so the header is written by hand).
 pub fn tgz_raw_name(name: &str, data: &[u8]) -> Vec<u8> {
-    let mut header = tar::Header::new_old();
-    {
-        let raw = header.as_old_mut();
-        raw.name[..name.len()].copy_from_slice(name.as_bytes());
-    }
-    header.set_size(data.len() as u64);
-    header.set_mode(0o644);
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_cksum();
-    let mut tar = Vec::new();
-    tar.extend_from_slice(header.as_bytes());
-    tar.extend_from_slice(data);
-    tar.resize(tar.len().div_ceil(512) * 512, 0);
-    tar.extend_from_slice(&[0u8; 1024]);
-    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
-    gz.write_all(&tar).unwrap();
-    gz.finish().unwrap()
+    super::archive::gz(&super::archive::TarBuf::new().file(name, data).finish())
 }
 
 /// Deterministic pseudo-random bytes (incompressible enough for size tests).
