@@ -18,6 +18,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 
 use crate::pool::model::{PoolSpec, Strategy};
+use crate::pool::names;
 
 use super::crd::{
     ClaimLifecycle, PodMetadata, PodTemplate, Sandbox, SandboxClaim, SandboxClaimSpec, SandboxSpec,
@@ -25,13 +26,6 @@ use super::crd::{
 };
 use super::settings::KubeSettings;
 
-pub use crate::pool::names::{
-    CONTEXT_NAME_LABEL as LABEL_CONTEXT_NAME, CONTEXT_TYPE_LABEL as LABEL_CONTEXT_TYPE,
-    MANAGED_BY_LABEL as LABEL_MANAGED_BY, MANAGED_BY_VALUE as MANAGED_BY,
-    OWNER_LABEL as LABEL_OWNER, POOL_LABEL as LABEL_POOL, REPLICAS_KEY as KEY_REPLICAS,
-    WORKSPACE_CLAIM_ANNOTATION as ANN_WORKSPACE_CLAIM,
-    WORKSPACE_READ_ONLY_ANNOTATION as ANN_READ_ONLY,
-};
 /// Annotation on Sandboxes and claims: the pool's strategy. Not upstream; it
 /// lets status tell dedicated from shared when the PVCs are gone.
 pub const ANN_STRATEGY: &str = "context.rossoctl.io/strategy";
@@ -50,23 +44,17 @@ const WORKSPACE: &str = "workspace";
 /// Mount path (and working directory) of the workspace.
 const WORKSPACE_PATH: &str = "/workspace";
 
-pub use crate::pool::names::{
-    claim as claim_name, context_claim as context_pvc_name,
-    dedicated_workspace as dedicated_pvc_name, sandbox as sandbox_name, selector as pool_selector,
-    shared_workspace as shared_pvc_name,
-};
-
 /// `app.kubernetes.io/managed-by=context-service`: selects every object this
 /// service manages (the watch caches use it).
 pub fn managed_selector() -> String {
-    format!("{LABEL_MANAGED_BY}={MANAGED_BY}")
+    format!("{}={}", names::MANAGED_BY_LABEL, names::MANAGED_BY_VALUE)
 }
 
 /// Objects of one pool that this service manages. Requiring `managed-by` as
 /// well as the pool label means a foreign object that merely carries the pool
 /// label is never counted or deleted (upstream gap 5).
 pub fn managed_pool_selector(pool: &str) -> String {
-    format!("{},{}", pool_selector(pool), managed_selector())
+    format!("{},{}", names::selector(pool), managed_selector())
 }
 
 /// The pool's workspace topology, as the builders need it.
@@ -165,9 +153,12 @@ pub struct WorkspaceVolume<'a> {
 /// `{pool, managed-by, owner}`: the labels of every pool object.
 pub fn pool_labels(pool: &PoolMeta<'_>) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (LABEL_POOL.to_string(), pool.name.to_string()),
-        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
-        (LABEL_OWNER.to_string(), pool.owner_scope.to_string()),
+        (names::POOL_LABEL.to_string(), pool.name.to_string()),
+        (
+            names::MANAGED_BY_LABEL.to_string(),
+            names::MANAGED_BY_VALUE.to_string(),
+        ),
+        (names::OWNER_LABEL.to_string(), pool.owner_scope.to_string()),
     ])
 }
 
@@ -182,7 +173,7 @@ pub fn workspace_pvc(
     storage_class: Option<&str>,
 ) -> PersistentVolumeClaim {
     let mut labels = pool_labels(pool);
-    labels.insert(KEY_REPLICAS.to_string(), pool.replicas.to_string());
+    labels.insert(names::REPLICAS_KEY.to_string(), pool.replicas.to_string());
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -230,8 +221,11 @@ pub fn sandbox(
 ) -> Sandbox {
     let labels = pool_labels(pool);
     let mut annotations = BTreeMap::from([
-        (ANN_READ_ONLY.to_string(), volume.read_only.to_string()),
-        (KEY_REPLICAS.to_string(), pool.replicas.to_string()),
+        (
+            names::WORKSPACE_READ_ONLY_ANNOTATION.to_string(),
+            volume.read_only.to_string(),
+        ),
+        (names::REPLICAS_KEY.to_string(), pool.replicas.to_string()),
         (ANN_STRATEGY.to_string(), pool.strategy.as_str().to_string()),
         (ANN_WORKSPACE_SIZE.to_string(), workspace.size.clone()),
         (
@@ -244,7 +238,7 @@ pub fn sandbox(
     }
     if pool.strategy == StrategyKind::Existing {
         annotations.insert(
-            ANN_WORKSPACE_CLAIM.to_string(),
+            names::WORKSPACE_CLAIM_ANNOTATION.to_string(),
             volume.claim_name.to_string(),
         );
     }
@@ -285,7 +279,7 @@ pub fn sandbox(
         when_unsatisfiable: "ScheduleAnyway".to_string(),
         label_selector: Some(LabelSelector {
             match_labels: Some(BTreeMap::from([(
-                LABEL_POOL.to_string(),
+                names::POOL_LABEL.to_string(),
                 pool.name.to_string(),
             )])),
             match_expressions: None,
@@ -307,7 +301,7 @@ pub fn sandbox(
         ..PodSpec::default()
     };
     let mut object = Sandbox::new(
-        &sandbox_name(pool.name, index),
+        &names::sandbox(pool.name, index),
         SandboxSpec {
             pod_template: PodTemplate {
                 metadata: Some(PodMetadata {
@@ -335,7 +329,7 @@ pub fn sandbox_claim(
     now: Timestamp,
 ) -> SandboxClaim {
     let mut object = SandboxClaim::new(
-        &claim_name(pool.name, index),
+        &names::claim(pool.name, index),
         SandboxClaimSpec {
             warm_pool_ref: WarmPoolRef {
                 name: warm_pool.to_string(),
@@ -348,7 +342,7 @@ pub fn sandbox_claim(
             // Only the pool label, as upstream: it is what the harness's
             // selector matches on the claimed pod.
             additional_pod_metadata: settings.claim_pod_label.then(|| PodMetadata {
-                labels: BTreeMap::from([(LABEL_POOL.to_string(), pool.name.to_string())]),
+                labels: BTreeMap::from([(names::POOL_LABEL.to_string(), pool.name.to_string())]),
                 annotations: BTreeMap::new(),
             }),
         },
@@ -356,7 +350,7 @@ pub fn sandbox_claim(
     object.metadata.namespace = Some(settings.namespace.clone());
     object.metadata.labels = Some(pool_labels(pool));
     object.metadata.annotations = Some(BTreeMap::from([
-        (KEY_REPLICAS.to_string(), pool.replicas.to_string()),
+        (names::REPLICAS_KEY.to_string(), pool.replicas.to_string()),
         (
             ANN_STRATEGY.to_string(),
             StrategyKind::Warm.as_str().to_string(),
@@ -408,14 +402,20 @@ pub fn context_pvc(
     storage_class: Option<&str>,
 ) -> PersistentVolumeClaim {
     let labels = BTreeMap::from([
-        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
-        (LABEL_CONTEXT_NAME.to_string(), name.to_string()),
-        (LABEL_CONTEXT_TYPE.to_string(), context_type.to_string()),
-        (LABEL_OWNER.to_string(), owner_scope.to_string()),
+        (
+            names::MANAGED_BY_LABEL.to_string(),
+            names::MANAGED_BY_VALUE.to_string(),
+        ),
+        (names::CONTEXT_NAME_LABEL.to_string(), name.to_string()),
+        (
+            names::CONTEXT_TYPE_LABEL.to_string(),
+            context_type.to_string(),
+        ),
+        (names::OWNER_LABEL.to_string(), owner_scope.to_string()),
     ]);
     PersistentVolumeClaim {
         metadata: ObjectMeta {
-            name: Some(context_pvc_name(name)),
+            name: Some(names::context_claim(name)),
             namespace: Some(namespace.to_string()),
             labels: Some(labels),
             ..ObjectMeta::default()
@@ -455,11 +455,17 @@ mod tests {
 
     #[test]
     fn names_and_selectors_match_upstream() {
-        assert_eq!(sandbox_name("bugstone-1", 2), "sandbox-bugstone-1-2");
-        assert_eq!(dedicated_pvc_name("review", 0), "review-workspace-0");
-        assert_eq!(shared_pvc_name("bugstone-1"), "bugstone-1-workspace");
-        assert_eq!(claim_name("fast-run", 2), "claim-fast-run-2");
-        assert_eq!(context_pvc_name("research"), "context-research");
+        assert_eq!(names::sandbox("bugstone-1", 2), "sandbox-bugstone-1-2");
+        assert_eq!(
+            names::dedicated_workspace("review", 0),
+            "review-workspace-0"
+        );
+        assert_eq!(
+            names::shared_workspace("bugstone-1"),
+            "bugstone-1-workspace"
+        );
+        assert_eq!(names::claim("fast-run", 2), "claim-fast-run-2");
+        assert_eq!(names::context_claim("research"), "context-research");
         assert_eq!(
             managed_pool_selector("a"),
             "context.rossoctl.io/pool=a,app.kubernetes.io/managed-by=context-service"
@@ -471,7 +477,7 @@ mod tests {
         let mut settings = settings();
         settings.sandbox_service_account = Some("sandboxes".to_string());
         let pool = meta("review", 3, StrategyKind::Dedicated);
-        let pvc = dedicated_pvc_name("review", 2);
+        let pvc = names::dedicated_workspace("review", 2);
         let volume = WorkspaceVolume {
             claim_name: &pvc,
             read_only: false,
@@ -668,7 +674,7 @@ mod tests {
         assert_eq!(claim.spec.additional_pod_metadata, None);
         assert_eq!(
             kube::ResourceExt::labels(&claim)
-                .get(LABEL_POOL)
+                .get(names::POOL_LABEL)
                 .map(String::as_str),
             Some("fast")
         );

@@ -16,10 +16,10 @@ use tokio::sync::mpsc;
 use tower_test::mock;
 
 use super::{KubeBackend, KubeSettings};
-use crate::backend::{BackendError, SandboxBackend};
 use crate::pool::model::{
     AccessMode, ContextPhase, ContextSpec, ContextType, PoolPhase, PoolSpec, Strategy,
 };
+use crate::pool::{BackendError, SandboxBackend};
 
 const NS: &str = "pools";
 const OWNER: &str = "0123456789abcdef0123456789abcdef";

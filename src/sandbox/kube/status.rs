@@ -12,12 +12,12 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
 use crate::pool::model::{Member, PoolPhase, PoolStatus, Strategy, WorkspaceView};
+use crate::pool::names;
 
 use super::crd::{Condition, Sandbox, SandboxClaim};
 use super::objects::{
-    StrategyKind, ANN_POD_NAME, ANN_READ_ONLY, ANN_STRATEGY, ANN_WORKSPACE_ACCESS_MODE,
-    ANN_WORKSPACE_CLAIM, ANN_WORKSPACE_SIZE, ANN_WORKSPACE_STORAGE_CLASS, KEY_REPLICAS,
-    LABEL_OWNER,
+    StrategyKind, ANN_POD_NAME, ANN_STRATEGY, ANN_WORKSPACE_ACCESS_MODE, ANN_WORKSPACE_SIZE,
+    ANN_WORKSPACE_STORAGE_CLASS,
 };
 
 /// Label the claim controller puts on the Sandbox it binds to a claim.
@@ -183,7 +183,7 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
         .or_else(|| first_pvc.and_then(|pvc| replicas_from(pvc.labels())))
         .unwrap_or(sandboxes.len() as u32);
     let claim_name = annotations
-        .get(ANN_WORKSPACE_CLAIM)
+        .get(names::WORKSPACE_CLAIM_ANNOTATION)
         .filter(|claim| !claim.is_empty())
         .cloned();
     let kind = annotations
@@ -318,7 +318,7 @@ fn direct_workspace(
     let recorded = |key: &str| annotations.get(key).cloned().unwrap_or_default();
     let read_only = claim_name.as_ref().map(|_| {
         annotations
-            .get(ANN_READ_ONLY)
+            .get(names::WORKSPACE_READ_ONLY_ANNOTATION)
             .map(|value| parse_go_bool(value))
             .unwrap_or(false)
     });
@@ -515,12 +515,12 @@ fn pod_name(sandbox: &Sandbox) -> String {
 
 /// The replica count annotation or label.
 fn replicas_from(map: &BTreeMap<String, String>) -> Option<u32> {
-    map.get(KEY_REPLICAS)?.parse().ok()
+    map.get(names::REPLICAS_KEY)?.parse().ok()
 }
 
 /// The owner label, or empty.
 fn owner_of(labels: &BTreeMap<String, String>) -> String {
-    labels.get(LABEL_OWNER).cloned().unwrap_or_default()
+    labels.get(names::OWNER_LABEL).cloned().unwrap_or_default()
 }
 
 /// First access mode of a PVC's spec, or empty.

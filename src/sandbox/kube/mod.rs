@@ -5,7 +5,7 @@
 //! - [`objects`]: names, labels and manifests (pure builders);
 //! - [`status`]: pool status from objects (pure);
 //! - [`watch`]: reflector caches and change notifications;
-//! - [`backend`]: [`KubeBackend`], the [`crate::backend::SandboxBackend`].
+//! - [`backend`]: [`KubeBackend`], the [`crate::pool::SandboxBackend`].
 
 pub mod backend;
 pub mod crd;

@@ -14,16 +14,13 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use crate::backend::{BackendError, SandboxBackend};
 use crate::pool::model::{
     ContextPhase, ContextSpec, ContextStatus, ContextType, PoolSpec, PoolStatus, Strategy,
 };
+use crate::pool::{names, BackendError, SandboxBackend};
 
 use super::crd::{Sandbox, SandboxClaim, SandboxWarmPool};
-use super::objects::{
-    self, PoolMeta, WorkspaceRecord, WorkspaceVolume, LABEL_CONTEXT_NAME, LABEL_CONTEXT_TYPE,
-    LABEL_MANAGED_BY, LABEL_OWNER, MANAGED_BY,
-};
+use super::objects::{self, PoolMeta, WorkspaceRecord, WorkspaceVolume};
 use super::settings::KubeSettings;
 use super::status::{self, PoolObjects};
 use super::watch::{self, CacheError, Caches, Created, Kind, Watchers};
@@ -49,8 +46,8 @@ pub enum KubeBackendError {
 /// ```no_run
 /// # async fn demo() -> anyhow::Result<()> {
 /// use std::time::Duration;
-/// use context_service::backend::kube::{KubeBackend, KubeSettings};
-/// use context_service::backend::SandboxBackend;
+/// use context_service::sandbox::kube::{KubeBackend, KubeSettings};
+/// use context_service::pool::SandboxBackend;
 /// use context_service::pool::{PoolSpec, Strategy};
 ///
 /// let client = kube::Client::try_default().await?; // KUBECONFIG or in-cluster
@@ -263,7 +260,7 @@ impl KubeBackend {
                     access_mode: "ReadWriteMany".to_string(),
                     storage_class: storage_class.clone(),
                 };
-                let pvc_name = objects::shared_pvc_name(&spec.name);
+                let pvc_name = names::shared_workspace(&spec.name);
                 let pvcs = vec![self.create_pvc(&meta, &pvc_name, &record, created).await?];
                 let volume = WorkspaceVolume {
                     claim_name: &pvc_name,
@@ -286,7 +283,7 @@ impl KubeBackend {
                     storage_class: storage_class.clone(),
                 };
                 let names: Vec<String> = (0..spec.replicas)
-                    .map(|i| objects::dedicated_pvc_name(&spec.name, i))
+                    .map(|i| names::dedicated_workspace(&spec.name, i))
                     .collect();
                 // PVCs first, so no sandbox pod ever waits on a missing
                 // volume; each gets its Sandbox as owner right after that
@@ -534,11 +531,14 @@ impl KubeBackend {
 
     fn context_status(&self, pvc: &PersistentVolumeClaim) -> Option<ContextStatus> {
         let labels = pvc.labels();
-        if labels.get(LABEL_MANAGED_BY).map(String::as_str) != Some(MANAGED_BY) {
+        if labels.get(names::MANAGED_BY_LABEL).map(String::as_str) != Some(names::MANAGED_BY_VALUE)
+        {
             return None;
         }
-        let name = labels.get(LABEL_CONTEXT_NAME).filter(|n| !n.is_empty())?;
-        let context_type = ContextType::parse(labels.get(LABEL_CONTEXT_TYPE)?)?;
+        let name = labels
+            .get(names::CONTEXT_NAME_LABEL)
+            .filter(|n| !n.is_empty())?;
+        let context_type = ContextType::parse(labels.get(names::CONTEXT_TYPE_LABEL)?)?;
         let spec = pvc.spec.as_ref();
         let bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
         Some(ContextStatus {
@@ -565,7 +565,7 @@ impl KubeBackend {
                 .and_then(|s| s.storage_class_name.clone())
                 .filter(|c| !c.is_empty()),
             claim_name: pvc.name_any(),
-            owner_scope: labels.get(LABEL_OWNER).cloned().unwrap_or_default(),
+            owner_scope: labels.get(names::OWNER_LABEL).cloned().unwrap_or_default(),
         })
     }
 
@@ -577,7 +577,7 @@ impl KubeBackend {
     ) -> Result<Option<ContextStatus>, BackendError> {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
         let pvc = api
-            .get_opt(&objects::context_pvc_name(name))
+            .get_opt(&names::context_claim(name))
             .await
             .map_err(|e| BackendError::internal("get context PVC", e))?;
         Ok(pvc
@@ -766,7 +766,7 @@ impl SandboxBackend for KubeBackend {
         let mut contexts: Vec<ContextStatus> = list
             .items
             .iter()
-            .filter(|pvc| pvc.name_any() == objects::context_pvc_name(&context_label(pvc)))
+            .filter(|pvc| pvc.name_any() == names::context_claim(&context_label(pvc)))
             .filter_map(|pvc| self.context_status(pvc))
             .collect();
         contexts.sort_by(|a, b| a.name.cmp(&b.name));
@@ -778,7 +778,7 @@ impl SandboxBackend for KubeBackend {
             return Ok(false);
         }
         let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
-        delete_ignoring_missing(&api, &objects::context_pvc_name(name), &background())
+        delete_ignoring_missing(&api, &names::context_claim(name), &background())
             .await
             .map_err(|e| BackendError::internal("delete context PVC", e))?;
         Ok(true)
@@ -788,7 +788,7 @@ impl SandboxBackend for KubeBackend {
 /// The context-name label of a PVC, or empty.
 fn context_label(pvc: &PersistentVolumeClaim) -> String {
     pvc.labels()
-        .get(LABEL_CONTEXT_NAME)
+        .get(names::CONTEXT_NAME_LABEL)
         .cloned()
         .unwrap_or_default()
 }
@@ -797,8 +797,9 @@ fn context_label(pvc: &PersistentVolumeClaim) -> String {
 /// managed by this service, and managed volumes of that owner (or made by
 /// the Go prototype, which recorded no owner).
 fn visible_to(labels: &std::collections::BTreeMap<String, String>, owner: &str) -> bool {
-    let managed = labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY);
-    match labels.get(LABEL_OWNER) {
+    let managed =
+        labels.get(names::MANAGED_BY_LABEL).map(String::as_str) == Some(names::MANAGED_BY_VALUE);
+    match labels.get(names::OWNER_LABEL) {
         Some(recorded) if managed => recorded == owner,
         _ => true,
     }
