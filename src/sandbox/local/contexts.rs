@@ -13,6 +13,7 @@ use super::records::{ObjectMeta, VolumeMeta};
 use super::Inner;
 
 impl Inner {
+    /// Creates volume `context-<name>`; `AlreadyExists` if it is there.
     pub(super) fn create_context(&self, spec: &ContextSpec) -> Result<ContextStatus, BackendError> {
         let claim = names::context_claim(&spec.name);
         let dir = self.volume_dir(&spec.namespace, &claim);
@@ -52,6 +53,7 @@ impl Inner {
             .ok_or_else(|| BackendError::internal(what, io::Error::other("unreadable labels")))
     }
 
+    /// The named context, if its volume is a managed context volume.
     pub(super) fn get_context(
         &self,
         ns: &str,
@@ -64,6 +66,7 @@ impl Inner {
             .filter(|c| c.name == name))
     }
 
+    /// Every named context in `ns`, sorted by name.
     pub(super) fn list_contexts(&self, ns: &str) -> Result<Vec<ContextStatus>, BackendError> {
         let dir = self.ns_dir(ns).join("volumes");
         let entries = match fs::read_dir(&dir) {
@@ -88,6 +91,7 @@ impl Inner {
         Ok(out)
     }
 
+    /// Deletes the context's volume; `false` when there was none.
     pub(super) fn delete_context(&self, ns: &str, name: &str) -> Result<bool, BackendError> {
         // Waits for a creation or deletion of the same volume in flight.
         let _reserved = self.reserve_volume(ns, &names::context_claim(name));

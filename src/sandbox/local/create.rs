@@ -67,6 +67,7 @@ pub(super) struct Created {
 }
 
 impl Inner {
+    /// The labels of every object of the pool.
     pub(super) fn labels(&self, spec: &PoolSpec) -> BTreeMap<String, String> {
         BTreeMap::from([
             (names::POOL_LABEL.to_owned(), spec.name.clone()),
@@ -78,6 +79,7 @@ impl Inner {
         ])
     }
 
+    /// Creates the pool, or rolls back what it made and returns the error.
     pub(super) fn create_pool(&self, spec: &PoolSpec) -> Result<PoolStatus, BackendError> {
         let (plan, _reserved) = self.reserve_for_create(spec)?;
         self.write_record(&PoolRecord {
@@ -137,6 +139,8 @@ impl Inner {
         Ok(())
     }
 
+    /// Makes the plan's volumes, then sandboxes, then claims, recording each
+    /// in `created` for a rollback.
     pub(super) fn create_objects(
         &self,
         spec: &PoolSpec,
@@ -255,6 +259,8 @@ impl Inner {
         Ok(())
     }
 
+    /// A sandbox directory with its metadata and its workspace (a link to
+    /// the mounted volume, or an empty directory).
     pub(super) fn make_sandbox(&self, meta: &SandboxMeta) -> io::Result<()> {
         let dir = self.sandbox_dir(&meta.meta.name);
         create_new_dir(&dir)?;

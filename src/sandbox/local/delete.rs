@@ -10,7 +10,8 @@ use super::records::RecordState;
 use super::Inner;
 
 impl Inner {
-    /// Runs at open, before any request.
+    /// Rolls back every pool a crash left `creating`. Runs at open, before
+    /// any request.
     pub(super) fn recover(&self) -> Result<(), BackendError> {
         for pool in self.record_names()? {
             if let Some(record) = self.read_record(&pool)? {
@@ -25,6 +26,8 @@ impl Inner {
         Ok(())
     }
 
+    /// Deletes the pool's own objects, then its record; `false` when there
+    /// was no pool.
     pub(super) fn delete_pool(&self, name: &str) -> Result<bool, BackendError> {
         // Waits for a creation of the same name in flight to finish.
         let _reserved = self.reserve_pool(name);
@@ -72,6 +75,7 @@ impl Inner {
         Ok(())
     }
 
+    /// Removes claim `claim` of `pool` and the sandbox it adopted.
     pub(super) fn remove_claim(&self, claim: &str, pool: &str) -> Result<(), BackendError> {
         if let Some(meta) = self.read_claim(claim)? {
             if !meta.meta.belongs_to(pool) {

@@ -21,26 +21,32 @@ pub(super) const VOLUME_FILE: &str = "volume.json";
 pub(super) const SANDBOX_FILE: &str = "sandbox.json";
 
 impl Inner {
+    /// `namespaces/<ns>`.
     pub(super) fn ns_dir(&self, ns: &str) -> PathBuf {
         self.root.join("namespaces").join(ns)
     }
 
+    /// Pool records, in the service namespace.
     pub(super) fn pools_dir(&self) -> PathBuf {
         self.ns_dir(&self.namespace).join("pools")
     }
 
+    /// The record of `pool`.
     pub(super) fn record_path(&self, pool: &str) -> PathBuf {
         self.pools_dir().join(format!("{pool}.{POOL_FILE_EXT}"))
     }
 
+    /// Volume `name` in `ns`.
     pub(super) fn volume_dir(&self, ns: &str, name: &str) -> PathBuf {
         self.ns_dir(ns).join("volumes").join(name)
     }
 
+    /// Sandbox `name`, in the service namespace.
     pub(super) fn sandbox_dir(&self, name: &str) -> PathBuf {
         self.ns_dir(&self.namespace).join("sandboxes").join(name)
     }
 
+    /// Claim `name`, in the service namespace.
     pub(super) fn claim_path(&self, name: &str) -> PathBuf {
         self.ns_dir(&self.namespace)
             .join("claims")
@@ -54,6 +60,7 @@ pub(super) fn internal(context: impl Into<String>) -> impl FnOnce(io::Error) -> 
     move |e| BackendError::internal(context, e)
 }
 
+/// The JSON document at `path`; `None` when there is no file.
 pub(super) fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
     match fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
@@ -67,11 +74,13 @@ pub(super) fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T
     }
 }
 
+/// Writes `value` as JSON, atomically.
 pub(super) fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
     fsutil::write_atomic(path, &bytes, 0o600)
 }
 
+/// Creates `dir`, failing if it exists (its parents may).
 pub(super) fn create_new_dir(dir: &Path) -> io::Result<()> {
     if let Some(parent) = dir.parent() {
         fsutil::ensure_dir(parent, 0o755)?;
@@ -80,6 +89,7 @@ pub(super) fn create_new_dir(dir: &Path) -> io::Result<()> {
     fs::create_dir(dir)
 }
 
+/// Removes `dir` and its contents; a missing one is fine.
 pub(super) fn remove_dir(dir: &Path) -> io::Result<()> {
     match fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
@@ -88,6 +98,7 @@ pub(super) fn remove_dir(dir: &Path) -> io::Result<()> {
     }
 }
 
+/// Removes `path`; a missing one is fine.
 pub(super) fn remove_file(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Ok(()) => Ok(()),

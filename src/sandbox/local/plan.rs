@@ -17,6 +17,7 @@ pub(super) struct Plan {
 }
 
 impl Plan {
+    /// The plan of `spec`.
     pub(super) fn of(spec: &PoolSpec) -> Self {
         let n = spec.replicas;
         let name = spec.name.as_str();

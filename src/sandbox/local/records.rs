@@ -14,19 +14,25 @@ use crate::fsutil;
 use crate::pool::model::{AccessMode, PoolSpec};
 use crate::pool::{names, BackendError};
 
+/// Where a pool's creation stands: `creating` until every object is made
+/// and synced, so a crash in between is rolled back on open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum RecordState {
+    /// Objects are being made.
     Creating,
+    /// Every object was made.
     Created,
 }
 
+/// `pools/<pool>.json`: the spec as created, and how far creation got.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct PoolRecord {
     pub(super) spec: PoolSpec,
     pub(super) state: RecordState,
 }
 
+/// Name, labels and annotations, as on the Kubernetes object.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(super) struct ObjectMeta {
     pub(super) name: String,
@@ -36,15 +42,18 @@ pub(super) struct ObjectMeta {
 }
 
 impl ObjectMeta {
+    /// The value of label `key`.
     pub(super) fn label(&self, key: &str) -> Option<&str> {
         self.labels.get(key).map(String::as_str)
     }
 
+    /// Whether the object carries the pool label of `pool`.
     pub(super) fn belongs_to(&self, pool: &str) -> bool {
         self.label(names::POOL_LABEL) == Some(pool)
     }
 }
 
+/// `volumes/<pvc>/volume.json`: a workspace or context volume (a PVC).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct VolumeMeta {
     pub(super) meta: ObjectMeta,
@@ -53,6 +62,7 @@ pub(super) struct VolumeMeta {
     pub(super) storage_class: Option<String>,
 }
 
+/// `sandboxes/<name>/sandbox.json`: a sandbox (a `Sandbox`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct SandboxMeta {
     pub(super) meta: ObjectMeta,
@@ -63,6 +73,7 @@ pub(super) struct SandboxMeta {
     pub(super) warm_pool: Option<String>,
 }
 
+/// `claims/<claim>.json`: a warm-pool claim (a `SandboxClaim`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct ClaimMeta {
     pub(super) meta: ObjectMeta,
@@ -101,6 +112,7 @@ impl Inner {
         read_json(&self.claim_path(name)).map_err(internal(format!("read sandbox claim {name}")))
     }
 
+    /// Names of every pool record, sorted.
     pub(super) fn record_names(&self) -> Result<Vec<String>, BackendError> {
         let mut out = Vec::new();
         let entries = match fs::read_dir(self.pools_dir()) {

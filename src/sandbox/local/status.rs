@@ -14,6 +14,7 @@ use super::records::{PoolRecord, RecordState};
 use super::Inner;
 
 impl Inner {
+    /// The pool's status; `None` without a record.
     pub(super) fn get_pool(&self, name: &str) -> Result<Option<PoolStatus>, BackendError> {
         match self.read_record(name)? {
             Some(record) => self.status(&record).map(Some),
@@ -21,6 +22,7 @@ impl Inner {
         }
     }
 
+    /// Every pool's status, sorted by name.
     pub(super) fn list_pools(&self) -> Result<Vec<PoolStatus>, BackendError> {
         let mut out = Vec::new();
         for name in self.record_names()? {
@@ -32,6 +34,7 @@ impl Inner {
         Ok(out)
     }
 
+    /// The status of the pool `record` describes, from what is on disk.
     pub(super) fn status(&self, record: &PoolRecord) -> Result<PoolStatus, BackendError> {
         let spec = &record.spec;
         let plan = Plan::of(spec);
@@ -127,6 +130,7 @@ impl Inner {
         })
     }
 
+    /// The workspace as upstream reports it.
     pub(super) fn workspace_view(&self, spec: &PoolSpec) -> Result<WorkspaceView, BackendError> {
         Ok(match &spec.strategy {
             Strategy::Dedicated {
