@@ -2,8 +2,10 @@
 //! gateway that serves frozen, owner-scoped workload revisions.
 //!
 //! Data flows one way: `api` → `auth` → services (`pool`, `workload`) →
-//! `sandbox` / `store` / `bundle`. Nothing in `bundle` knows about HTTP and
-//! nothing in `api` knows about Kubernetes objects.
+//! `store` / `bundle`. The `sandbox` backends implement the pool domain's
+//! port (`sandbox → pool`); `app` builds them from the settings. Nothing in
+//! `bundle` knows about HTTP and nothing in `api` knows about Kubernetes
+//! objects.
 
 pub mod api;
 pub mod app;
