@@ -8,10 +8,11 @@ use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
 use crate::auth::{Authenticator, KeySet, OwnerScope};
-use crate::config::ServeConfig;
+use crate::config::{BackendKind, ServeConfig};
 use crate::fsutil;
 use crate::metrics::Metrics;
 use crate::pool::PoolService;
+use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
 use crate::workload::WorkloadService;
 
 /// Everything handlers need. Cheap to clone.
@@ -57,7 +58,7 @@ impl AppState {
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
         let metrics = Metrics::new();
-        let backend = crate::backend::from_config(config)
+        let backend = sandbox::open(sandbox_settings(config))
             .await
             .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
         let pools = Arc::new(PoolService::new(backend));
@@ -70,6 +71,33 @@ impl AppState {
             pools,
             workloads,
         })
+    }
+}
+
+/// The sandbox backend `config` selects, with its settings: `local` under
+/// `<data-dir>/local`; `kube` with `--namespace`, `--kube-sandbox-image`,
+/// `--kube-sandbox-service-account`, `--claim-ttl` and
+/// `--kube-claim-pod-label`, every other setting at its default.
+fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
+    match config.backend {
+        BackendKind::Local => SandboxSettings::Local(LocalSettings {
+            root: config.data_dir.join("local"),
+            namespace: config.namespace.clone(),
+            warm_pools: config.local_warm_pools.clone(),
+        }),
+        BackendKind::Kube => {
+            let mut settings = KubeSettings::new(
+                config.namespace.clone(),
+                config.kube_sandbox_image.clone().unwrap_or_default(),
+            );
+            settings.sandbox_service_account = config
+                .kube_sandbox_service_account
+                .clone()
+                .filter(|account| !account.is_empty());
+            settings.claim_ttl = config.claim_ttl;
+            settings.claim_pod_label = config.kube_claim_pod_label;
+            SandboxSettings::Kube(settings)
+        }
     }
 }
 

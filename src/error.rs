@@ -120,3 +120,95 @@ impl IntoResponse for ApiError {
 
 /// Result type of handlers.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+// ---------------------------------------------------------------------------
+// Pool domain → API: the one place a `PoolError` becomes a status, an error
+// code and a message.
+// ---------------------------------------------------------------------------
+
+impl From<crate::pool::PoolError> for ApiError {
+    fn from(err: crate::pool::PoolError) -> Self {
+        use crate::pool::PoolError;
+        match &err {
+            PoolError::Invalid(message) => Self::invalid_request(message.clone()),
+            PoolError::NotFound(_) => Self::not_found(err.to_string()),
+            PoolError::AlreadyExists(_) => Self::already_exists(err.to_string()),
+            PoolError::NotReady(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_ready",
+                err.to_string(),
+            ),
+            // Logs the cause (what was being done, and the backend's error).
+            PoolError::Internal { .. } => Self::internal(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod pool_error_tests {
+    use super::*;
+    use crate::pool::{BackendError, PoolError, Subject};
+
+    fn api(err: PoolError) -> (u16, &'static str, String) {
+        let err = ApiError::from(err);
+        (err.status().as_u16(), err.code(), err.message().to_owned())
+    }
+
+    #[test]
+    fn pool_errors_keep_their_status_code_and_message() {
+        assert_eq!(
+            api(PoolError::Invalid("replicas must be at least 1".into())),
+            (400, "invalid_request", "replicas must be at least 1".into())
+        );
+        assert_eq!(
+            api(PoolError::NotFound(Subject::Pool)),
+            (404, "not_found", "sandbox pool not found".into())
+        );
+        assert_eq!(
+            api(PoolError::NotFound(Subject::Context)),
+            (404, "not_found", "context resource not found".into())
+        );
+        assert_eq!(
+            api(PoolError::AlreadyExists(Subject::Pool)),
+            (409, "already_exists", "sandbox pool already exists".into())
+        );
+        assert_eq!(
+            api(PoolError::AlreadyExists(Subject::Context)),
+            (
+                409,
+                "already_exists",
+                "context resource already exists".into()
+            )
+        );
+        let invalid = BackendError::Invalid("workspace claim \"x\" not found".into());
+        assert_eq!(
+            api(PoolError::from_backend(
+                invalid,
+                Subject::Pool,
+                "create".into()
+            )),
+            (
+                400,
+                "invalid_request",
+                "invalid sandbox pool: workspace claim \"x\" not found".into()
+            )
+        );
+    }
+
+    #[test]
+    fn backend_causes_never_reach_the_client() {
+        let cause = || BackendError::internal("create sandbox 3", std::io::Error::other("secret"));
+        let (status, code, message) = api(PoolError::NotReady(cause()));
+        assert_eq!((status, code), (503, "not_ready"));
+        assert!(!message.contains("secret"), "{message}");
+        let internal = PoolError::from_backend(cause(), Subject::Pool, "create pool p".into());
+        assert_eq!(
+            api(internal),
+            (
+                500,
+                "internal_error",
+                "internal error; see the service log".into()
+            )
+        );
+    }
+}

@@ -2,13 +2,14 @@
 //! gateway that serves frozen, owner-scoped workload revisions.
 //!
 //! Data flows one way: `api` → `auth` → services (`pool`, `workload`) →
-//! `backend` / `store` / `bundle`. Nothing in `bundle` knows about HTTP and
-//! nothing in `api` knows about Kubernetes objects.
+//! `store` / `bundle`. The `sandbox` backends implement the pool domain's
+//! port (`sandbox → pool`); `app` builds them from the settings. Nothing in
+//! `bundle` knows about HTTP and nothing in `api` knows about Kubernetes
+//! objects.
 
 pub mod api;
 pub mod app;
 pub mod auth;
-pub mod backend;
 pub mod bundle;
 pub mod cache;
 pub mod cli;
@@ -18,6 +19,7 @@ pub mod error;
 pub mod fsutil;
 pub mod metrics;
 pub mod pool;
+pub mod sandbox;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -14,7 +14,7 @@ use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::error::ApiResult;
 use crate::pool::validate::{CreateContextRequest, StorageRequest};
-use crate::pool::wire::{Context, ContextList};
+use crate::pool::view::{Context, ContextList};
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()

@@ -17,7 +17,7 @@ use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
 use crate::pool::validate::{CreatePoolRequest, WorkspaceRequest};
-use crate::pool::wire::{Pool, PoolList};
+use crate::pool::view::{Pool, PoolList};
 
 /// Default of `timeout` for `?wait=ready`.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(60);

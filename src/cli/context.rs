@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use super::{print_json, ConnectionArgs, OutputFormat};
-use crate::pool::wire::{Context, ContextStorage, CreateContext};
+use crate::pool::view::{Context, ContextStorage, CreateContext};
 
 /// `contextctl context ...`.
 #[derive(Debug, clap::Args)]

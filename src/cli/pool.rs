@@ -7,7 +7,7 @@ use anyhow::Context as _;
 
 use super::{print_json, ConnectionArgs, OutputFormat};
 use crate::client::ClientError;
-use crate::pool::wire::{CreatePool, CreateWorkspace, Pool};
+use crate::pool::view::{CreatePool, CreateWorkspace, Pool};
 
 /// Environment variable with the default StorageClass of `create -c`.
 pub const STORAGE_CLASS_ENV: &str = "CS_STORAGE_CLASS";

@@ -5,7 +5,7 @@ use std::time::Duration;
 use reqwest::Method;
 
 use super::{Client, ClientError};
-use crate::pool::wire::{Context, ContextList, CreateContext, CreatePool, Pool, PoolList};
+use crate::pool::view::{Context, ContextList, CreateContext, CreatePool, Pool, PoolList};
 
 /// Escapes one URL path segment (everything but RFC 3986 unreserved bytes).
 pub fn path_segment(s: &str) -> String {

@@ -1,16 +1,27 @@
 //! Sandbox pools and named contexts: the allocation model, upstream-exact
 //! validation, and the service that owner-scopes every call before it
-//! reaches a [`crate::backend::SandboxBackend`].
+//! reaches the [`SandboxBackend`] port.
+//!
+//! - [`model`]: specs and statuses; [`validate`]: requests → specs;
+//! - [`names`]: object names and labels every backend uses;
+//! - [`port`]: [`SandboxBackend`] and [`BackendError`], implemented by
+//!   `crate::sandbox`;
+//! - [`service`]: [`PoolService`]; [`error`]: its [`PoolError`];
+//! - [`view`]: the JSON shapes on the wire.
 
+pub mod error;
 pub mod model;
 pub mod names;
+pub mod port;
 pub mod quantity;
 pub mod service;
 pub mod validate;
-pub mod wire;
+pub mod view;
 
+pub use error::{PoolError, PoolResult, Subject};
 pub use model::{
     AccessMode, ContextPhase, ContextSpec, ContextStatus, ContextType, Member, PoolPhase, PoolSpec,
     PoolStatus, Strategy, WorkspaceView,
 };
+pub use port::{BackendError, SandboxBackend};
 pub use service::PoolService;

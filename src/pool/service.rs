@@ -1,23 +1,15 @@
-//! The pool service: validation, owner scoping, uncancellable creation and
-//! the mapping of backend errors to API errors.
+//! The pool service: validation, owner scoping, and backend calls that a
+//! client disconnect cannot cancel. Failures are [`PoolError`]s; the API
+//! decides how they are answered.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{BackendError, SandboxBackend};
-use crate::error::{ApiError, ApiResult};
-
+use super::error::{PoolError, PoolResult, Subject};
 use super::model::{ContextStatus, PoolStatus};
+use super::port::{BackendError, SandboxBackend};
 use super::validate::{self, CreateContextRequest, CreatePoolRequest};
-
-/// Message of `404` for pools (also for another owner's pool).
-pub const POOL_NOT_FOUND: &str = "sandbox pool not found";
-/// Message of `409` for pools.
-pub const POOL_EXISTS: &str = "sandbox pool already exists";
-/// Message of `404` for named contexts (also for another owner's).
-pub const CONTEXT_NOT_FOUND: &str = "context resource not found";
-/// Message of `409` for named contexts.
-pub const CONTEXT_EXISTS: &str = "context resource already exists";
 
 /// Longest a `GET ?wait=ready` may hold a request.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -50,16 +42,13 @@ impl PoolService {
         &self.backend
     }
 
-    /// `Ok` when the backend can serve requests; else `503 not_ready` (the
-    /// cause goes to the log, not to the prober).
-    pub async fn check_ready(&self) -> ApiResult<()> {
+    /// `Ok` when the backend can serve requests; else
+    /// [`PoolError::NotReady`] (the cause goes to the log, not to the
+    /// prober).
+    pub async fn check_ready(&self) -> PoolResult<()> {
         self.backend.check_ready().await.map_err(|e| {
             tracing::warn!(error = %e, "sandbox backend not ready");
-            ApiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "not_ready",
-                "the sandbox backend is not reachable; see the service log",
-            )
+            PoolError::NotReady(e)
         })
     }
 
@@ -71,27 +60,25 @@ impl PoolService {
         &self,
         req: &CreatePoolRequest,
         owner_scope: &str,
-    ) -> ApiResult<PoolStatus> {
-        let spec = validate::pool(req, owner_scope).map_err(|e| ApiError::invalid_request(e.0))?;
+    ) -> PoolResult<PoolStatus> {
+        let spec = validate::pool(req, owner_scope).map_err(|e| PoolError::Invalid(e.0.into()))?;
         let backend = self.backend.clone();
         let kind = spec.strategy.kind();
         let name = spec.name.clone();
-        let task = tokio::spawn(async move { backend.create_pool(&spec).await });
-        let status = task
-            .await
-            .map_err(|e| {
-                ApiError::internal(format!("create sandbox pool {name}: task failed: {e}"))
-            })?
-            .map_err(|e| pool_error(e, &format!("create sandbox pool {name} ({kind})")))?;
+        let doing = format!("create sandbox pool {name} ({kind})");
+        let status = detached(Subject::Pool, doing, async move {
+            backend.create_pool(&spec).await
+        })
+        .await?;
         tracing::info!(pool = %name, strategy = kind, replicas = status.replicas, "sandbox pool created");
         Ok(status)
     }
 
     /// The caller's pool `name`.
-    pub async fn get(&self, name: &str, owner_scope: &str) -> ApiResult<PoolStatus> {
+    pub async fn get(&self, name: &str, owner_scope: &str) -> PoolResult<PoolStatus> {
         self.owned(name, owner_scope)
             .await?
-            .ok_or_else(|| ApiError::not_found(POOL_NOT_FOUND))
+            .ok_or(PoolError::NotFound(Subject::Pool))
     }
 
     /// The caller's pool `name` once it is `ready` or `failed`, or after
@@ -101,7 +88,7 @@ impl PoolService {
         name: &str,
         owner_scope: &str,
         timeout: Duration,
-    ) -> ApiResult<PoolStatus> {
+    ) -> PoolResult<PoolStatus> {
         // Check ownership first, so another owner's pool answers at once,
         // exactly like a missing one.
         let current = self.get(name, owner_scope).await?;
@@ -112,39 +99,39 @@ impl PoolService {
             .backend
             .wait_pool(name, timeout.min(MAX_WAIT))
             .await
-            .map_err(|e| pool_error(e, &format!("wait for sandbox pool {name}")))?;
+            .map_err(|e| {
+                PoolError::from_backend(e, Subject::Pool, format!("wait for sandbox pool {name}"))
+            })?;
         match status {
             Some(s) if s.owner_scope == owner_scope => Ok(s),
-            _ => Err(ApiError::not_found(POOL_NOT_FOUND)),
+            _ => Err(PoolError::NotFound(Subject::Pool)),
         }
     }
 
     /// The caller's pools, sorted by name.
-    pub async fn list(&self, owner_scope: &str) -> ApiResult<Vec<PoolStatus>> {
-        let mut pools = self
-            .backend
-            .list_pools()
-            .await
-            .map_err(|e| pool_error(e, "list sandbox pools"))?;
+    pub async fn list(&self, owner_scope: &str) -> PoolResult<Vec<PoolStatus>> {
+        let mut pools = self.backend.list_pools().await.map_err(|e| {
+            PoolError::from_backend(e, Subject::Pool, "list sandbox pools".to_owned())
+        })?;
         pools.retain(|p| p.owner_scope == owner_scope);
         pools.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(pools)
     }
 
     /// Deletes the caller's pool `name`; `Ok` also when there is none.
-    pub async fn delete(&self, name: &str, owner_scope: &str) -> ApiResult<()> {
+    pub async fn delete(&self, name: &str, owner_scope: &str) -> PoolResult<()> {
         if self.owned(name, owner_scope).await?.is_none() {
             return Ok(());
         }
         let backend = self.backend.clone();
         let owned_name = name.to_owned();
         // Like creation, a started deletion finishes even if the client leaves.
-        let task = tokio::spawn(async move { backend.delete_pool(&owned_name).await });
-        task.await
-            .map_err(|e| {
-                ApiError::internal(format!("delete sandbox pool {name}: task failed: {e}"))
-            })?
-            .map_err(|e| pool_error(e, &format!("delete sandbox pool {name}")))?;
+        detached(
+            Subject::Pool,
+            format!("delete sandbox pool {name}"),
+            async move { backend.delete_pool(&owned_name).await },
+        )
+        .await?;
         tracing::info!(pool = %name, "sandbox pool deleted");
         Ok(())
     }
@@ -154,15 +141,15 @@ impl PoolService {
         &self,
         req: &CreateContextRequest,
         owner_scope: &str,
-    ) -> ApiResult<ContextStatus> {
+    ) -> PoolResult<ContextStatus> {
         let spec =
-            validate::context(req, owner_scope).map_err(|e| ApiError::invalid_request(e.0))?;
+            validate::context(req, owner_scope).map_err(|e| PoolError::Invalid(e.0.into()))?;
         let backend = self.backend.clone();
-        let label = format!("create context {}/{}", spec.namespace, spec.name);
-        let task = tokio::spawn(async move { backend.create_context(&spec).await });
-        task.await
-            .map_err(|e| ApiError::internal(format!("{label}: task failed: {e}")))?
-            .map_err(|e| context_error(e, &label))
+        let doing = format!("create context {}/{}", spec.namespace, spec.name);
+        detached(Subject::Context, doing, async move {
+            backend.create_context(&spec).await
+        })
+        .await
     }
 
     /// The caller's named context.
@@ -171,10 +158,10 @@ impl PoolService {
         namespace: &str,
         name: &str,
         owner_scope: &str,
-    ) -> ApiResult<ContextStatus> {
+    ) -> PoolResult<ContextStatus> {
         self.owned_context(namespace, name, owner_scope)
             .await?
-            .ok_or_else(|| ApiError::not_found(CONTEXT_NOT_FOUND))
+            .ok_or(PoolError::NotFound(Subject::Context))
     }
 
     /// The caller's named contexts in `namespace`, sorted by name.
@@ -182,16 +169,14 @@ impl PoolService {
         &self,
         namespace: &str,
         owner_scope: &str,
-    ) -> ApiResult<Vec<ContextStatus>> {
+    ) -> PoolResult<Vec<ContextStatus>> {
         // A namespace that cannot exist holds nothing; never pass it on.
         if !validate::is_dns1123_label(namespace) {
             return Ok(Vec::new());
         }
-        let mut items = self
-            .backend
-            .list_contexts(namespace)
-            .await
-            .map_err(|e| context_error(e, &format!("list contexts in {namespace}")))?;
+        let mut items = self.backend.list_contexts(namespace).await.map_err(|e| {
+            PoolError::from_backend(e, Subject::Context, format!("list contexts in {namespace}"))
+        })?;
         items.retain(|c| c.owner_scope == owner_scope);
         items.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(items)
@@ -203,7 +188,7 @@ impl PoolService {
         namespace: &str,
         name: &str,
         owner_scope: &str,
-    ) -> ApiResult<()> {
+    ) -> PoolResult<()> {
         if self
             .owned_context(namespace, name, owner_scope)
             .await?
@@ -213,25 +198,23 @@ impl PoolService {
         }
         let backend = self.backend.clone();
         let (ns, n) = (namespace.to_owned(), name.to_owned());
-        let label = format!("delete context {namespace}/{name}");
-        let task = tokio::spawn(async move { backend.delete_context(&ns, &n).await });
-        task.await
-            .map_err(|e| ApiError::internal(format!("{label}: task failed: {e}")))?
-            .map_err(|e| context_error(e, &label))?;
+        let doing = format!("delete context {namespace}/{name}");
+        detached(Subject::Context, doing, async move {
+            backend.delete_context(&ns, &n).await
+        })
+        .await?;
         Ok(())
     }
 
-    async fn owned(&self, name: &str, owner_scope: &str) -> ApiResult<Option<PoolStatus>> {
+    async fn owned(&self, name: &str, owner_scope: &str) -> PoolResult<Option<PoolStatus>> {
         // A name that fails validation cannot exist; never pass it on to a
         // label selector or a path.
         if !validate::is_pool_name(name) {
             return Ok(None);
         }
-        let status = self
-            .backend
-            .get_pool(name)
-            .await
-            .map_err(|e| pool_error(e, &format!("get sandbox pool {name}")))?;
+        let status = self.backend.get_pool(name).await.map_err(|e| {
+            PoolError::from_backend(e, Subject::Pool, format!("get sandbox pool {name}"))
+        })?;
         Ok(status.filter(|s| s.owner_scope == owner_scope))
     }
 
@@ -240,7 +223,7 @@ impl PoolService {
         namespace: &str,
         name: &str,
         owner_scope: &str,
-    ) -> ApiResult<Option<ContextStatus>> {
+    ) -> PoolResult<Option<ContextStatus>> {
         if !validate::is_pool_name(name) || !validate::is_dns1123_label(namespace) {
             return Ok(None);
         }
@@ -248,25 +231,33 @@ impl PoolService {
             .backend
             .get_context(namespace, name)
             .await
-            .map_err(|e| context_error(e, &format!("get context {namespace}/{name}")))?;
+            .map_err(|e| {
+                PoolError::from_backend(
+                    e,
+                    Subject::Context,
+                    format!("get context {namespace}/{name}"),
+                )
+            })?;
         Ok(status.filter(|s| s.owner_scope == owner_scope))
     }
 }
 
-fn pool_error(err: BackendError, doing: &str) -> ApiError {
-    match err {
-        BackendError::AlreadyExists => ApiError::already_exists(POOL_EXISTS),
-        BackendError::Invalid(_) => ApiError::invalid_request(err.to_string()),
-        BackendError::Internal { .. } => ApiError::internal(format!("{doing}: {err:#}")),
-    }
-}
-
-fn context_error(err: BackendError, doing: &str) -> ApiError {
-    match err {
-        BackendError::AlreadyExists => ApiError::already_exists(CONTEXT_EXISTS),
-        // Contexts have no "invalid" path upstream; keep the text anyway.
-        BackendError::Invalid(_) => ApiError::invalid_request(err.to_string()),
-        BackendError::Internal { .. } => ApiError::internal(format!("{doing}: {err:#}")),
+/// Runs a mutation of `subject` in its own task and maps its failure.
+///
+/// A client disconnect drops the caller's future; the task still runs the
+/// backend call (and any rollback it does) to completion, so no request can
+/// leave half a pool behind.
+async fn detached<T, F>(subject: Subject, doing: String, work: F) -> PoolResult<T>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, BackendError>> + Send + 'static,
+{
+    match tokio::spawn(work).await {
+        Ok(result) => result.map_err(|e| PoolError::from_backend(e, subject, doing)),
+        Err(e) => Err(PoolError::Internal {
+            doing,
+            source: BackendError::internal("task failed", e),
+        }),
     }
 }
 
@@ -275,6 +266,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
+    use crate::pool::error::{CONTEXT_EXISTS, POOL_NOT_FOUND};
     use crate::pool::model::{ContextSpec, PoolSpec};
     use crate::pool::validate::WorkspaceRequest;
 
@@ -338,9 +330,9 @@ mod tests {
     async fn an_unreachable_backend_is_not_ready_without_leaking_why() {
         let service = PoolService::new(Arc::new(SlowFailing::default()));
         let err = service.check_ready().await.unwrap_err();
-        assert_eq!(err.status(), 503);
-        assert_eq!(err.code(), "not_ready");
-        assert!(!err.message().contains("connection refused"));
+        // `From<PoolError> for ApiError` answers this `503 not_ready`.
+        assert!(matches!(err, PoolError::NotReady(_)), "{err:?}");
+        assert!(!err.to_string().contains("connection refused"));
     }
 
     fn request() -> CreatePoolRequest {
@@ -370,11 +362,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn backend_errors_map_to_generic_api_errors() {
+    async fn backend_errors_map_to_domain_errors() {
         let service = PoolService::new(Arc::new(SlowFailing::default()));
         let err = service.create(&request(), "o").await.unwrap_err();
-        assert_eq!(err.code(), "internal_error");
-        assert!(!err.message().contains("secret"), "{}", err.message());
+        // Answered as a generic `500 internal_error`; the cause is logged.
+        assert!(
+            matches!(&err, PoolError::Internal { doing, .. } if doing == "create sandbox pool p (dedicated)"),
+            "{err:?}"
+        );
         let ctx = CreateContextRequest {
             name: "c".into(),
             namespace: "ns".into(),
@@ -387,13 +382,12 @@ mod tests {
             },
         };
         let err = service.create_context(&ctx, "o").await.unwrap_err();
-        assert_eq!(
-            (err.code(), err.message()),
-            ("already_exists", CONTEXT_EXISTS)
-        );
+        assert!(matches!(err, PoolError::AlreadyExists(Subject::Context)));
+        assert_eq!(err.to_string(), CONTEXT_EXISTS);
         // Missing and invalid names are simply absent; delete is idempotent.
         let err = service.get("Not_A_Name", "o").await.unwrap_err();
-        assert_eq!((err.code(), err.message()), ("not_found", POOL_NOT_FOUND));
+        assert!(matches!(err, PoolError::NotFound(Subject::Pool)));
+        assert_eq!(err.to_string(), POOL_NOT_FOUND);
         service.delete("p", "o").await.unwrap();
     }
 }

@@ -1,19 +1,13 @@
-//! Sandbox backends: where pools and named contexts really live.
+//! The port of the pool domain: what it needs from a sandbox backend.
 //!
-//! One [`SandboxBackend`] trait, two implementations: `local` (the embedded
-//! default: directories under the data dir) and `kube` (agent-sandbox CRDs
-//! and PVCs in a Kubernetes namespace). Backends know nothing about owners
-//! beyond recording and reporting [`PoolSpec::owner_scope`]; the pool
-//! service filters and hides other owners' objects.
+//! The sandbox backends (`crate::sandbox`: the embedded `local` directories,
+//! or agent-sandbox objects in Kubernetes) implement [`SandboxBackend`]; the
+//! pool service only ever talks to this trait, so the one arrow between the
+//! two runs `sandbox → pool`.
 
-pub mod kube;
-pub mod local;
-
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{BackendKind, ServeConfig};
-use crate::pool::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
+use super::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
 
 /// Why a backend call failed.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +49,7 @@ impl BackendError {
 /// Where pools and named contexts live.
 ///
 /// Conventions every implementation follows:
-/// - names and labels from [`crate::pool::names`]; every object carries the
+/// - names and labels from [`super::names`]; every object carries the
 ///   pool label, `managed-by` and the owner label;
 /// - an existing claim that is a managed volume of *another* owner is
 ///   reported like a missing one (`Invalid("workspace claim \"x\" not found")`);
@@ -112,20 +106,5 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// directories are always there; a cluster backend checks its API.
     async fn check_ready(&self) -> Result<(), BackendError> {
         Ok(())
-    }
-}
-
-/// Builds the backend `config` selects.
-pub async fn from_config(config: &ServeConfig) -> anyhow::Result<Arc<dyn SandboxBackend>> {
-    match config.backend {
-        BackendKind::Local => Ok(Arc::new(local::LocalBackend::open(
-            local::LocalSettings::from_config(config),
-        )?)),
-        BackendKind::Kube => {
-            let backend =
-                kube::KubeBackend::try_default(kube::KubeSettings::from_config(config)).await?;
-            backend.start_watchers();
-            Ok(Arc::new(backend))
-        }
     }
 }

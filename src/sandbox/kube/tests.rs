@@ -16,10 +16,10 @@ use tokio::sync::mpsc;
 use tower_test::mock;
 
 use super::{KubeBackend, KubeSettings};
-use crate::backend::{BackendError, SandboxBackend};
 use crate::pool::model::{
     AccessMode, ContextPhase, ContextSpec, ContextType, PoolPhase, PoolSpec, Strategy,
 };
+use crate::pool::{BackendError, SandboxBackend};
 
 const NS: &str = "pools";
 const OWNER: &str = "0123456789abcdef0123456789abcdef";
@@ -31,7 +31,7 @@ const WARM_POOLS: &str = "sandboxwarmpools";
 const PODS: &str = "pods";
 
 /// Response bodies: whole JSON documents, or a never-ending watch stream.
-type MockBody = axum::body::Body;
+type MockBody = reqwest::Body;
 
 /// One request as the fake API server saw it.
 #[derive(Debug, Clone)]
@@ -260,7 +260,7 @@ impl FakeApi {
                     let bytes = receiver.recv().await?;
                     Some((Ok::<_, Infallible>(bytes), receiver))
                 });
-                Response::new(MockBody::from_stream(stream))
+                Response::new(MockBody::wrap_stream(stream))
             }
             (Method::GET, None) => {
                 let limit: usize = query_param(&query, "limit")

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use crate::config::ServeConfig;
-
 /// The default field manager recorded on every object this service writes.
 pub const DEFAULT_FIELD_MANAGER: &str = "context-service";
 
@@ -70,23 +68,5 @@ impl KubeSettings {
             cache_sync_timeout: Duration::from_secs(5),
             initial_sync_timeout: Duration::from_secs(30),
         }
-    }
-
-    /// The settings `context-service serve` was given (`--namespace`,
-    /// `--kube-sandbox-image`, `--kube-sandbox-service-account`,
-    /// `--claim-ttl`, `--kube-claim-pod-label`); everything else keeps its
-    /// default.
-    pub fn from_config(config: &ServeConfig) -> Self {
-        let mut settings = Self::new(
-            config.namespace.clone(),
-            config.kube_sandbox_image.clone().unwrap_or_default(),
-        );
-        settings.sandbox_service_account = config
-            .kube_sandbox_service_account
-            .clone()
-            .filter(|account| !account.is_empty());
-        settings.claim_ttl = config.claim_ttl;
-        settings.claim_pod_label = config.kube_claim_pod_label;
-        settings
     }
 }

@@ -5,10 +5,13 @@
 //! - [`objects`]: names, labels and manifests (pure builders);
 //! - [`status`]: pool status from objects (pure);
 //! - [`watch`]: reflector caches and change notifications;
-//! - [`backend`]: [`KubeBackend`], the [`crate::backend::SandboxBackend`].
+//! - [`backend`]: [`KubeBackend`], the [`crate::pool::SandboxBackend`];
+//!   `create` and `contexts` add pool creation and named contexts to it.
 
 pub mod backend;
+mod contexts;
 pub mod crd;
+mod create;
 pub mod objects;
 pub mod settings;
 pub mod status;

@@ -18,6 +18,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 
 use crate::pool::model::{PoolSpec, Strategy};
+use crate::pool::names;
 
 use super::crd::{
     ClaimLifecycle, PodMetadata, PodTemplate, Sandbox, SandboxClaim, SandboxClaimSpec, SandboxSpec,
@@ -25,13 +26,6 @@ use super::crd::{
 };
 use super::settings::KubeSettings;
 
-pub use crate::pool::names::{
-    CONTEXT_NAME_LABEL as LABEL_CONTEXT_NAME, CONTEXT_TYPE_LABEL as LABEL_CONTEXT_TYPE,
-    MANAGED_BY_LABEL as LABEL_MANAGED_BY, MANAGED_BY_VALUE as MANAGED_BY,
-    OWNER_LABEL as LABEL_OWNER, POOL_LABEL as LABEL_POOL, REPLICAS_KEY as KEY_REPLICAS,
-    WORKSPACE_CLAIM_ANNOTATION as ANN_WORKSPACE_CLAIM,
-    WORKSPACE_READ_ONLY_ANNOTATION as ANN_READ_ONLY,
-};
 /// Annotation on Sandboxes and claims: the pool's strategy. Not upstream; it
 /// lets status tell dedicated from shared when the PVCs are gone.
 pub const ANN_STRATEGY: &str = "context.rossoctl.io/strategy";
@@ -50,23 +44,17 @@ const WORKSPACE: &str = "workspace";
 /// Mount path (and working directory) of the workspace.
 const WORKSPACE_PATH: &str = "/workspace";
 
-pub use crate::pool::names::{
-    claim as claim_name, context_claim as context_pvc_name,
-    dedicated_workspace as dedicated_pvc_name, sandbox as sandbox_name, selector as pool_selector,
-    shared_workspace as shared_pvc_name,
-};
-
 /// `app.kubernetes.io/managed-by=context-service`: selects every object this
 /// service manages (the watch caches use it).
 pub fn managed_selector() -> String {
-    format!("{LABEL_MANAGED_BY}={MANAGED_BY}")
+    format!("{}={}", names::MANAGED_BY_LABEL, names::MANAGED_BY_VALUE)
 }
 
 /// Objects of one pool that this service manages. Requiring `managed-by` as
 /// well as the pool label means a foreign object that merely carries the pool
 /// label is never counted or deleted (upstream gap 5).
 pub fn managed_pool_selector(pool: &str) -> String {
-    format!("{},{}", pool_selector(pool), managed_selector())
+    format!("{},{}", names::selector(pool), managed_selector())
 }
 
 /// The pool's workspace topology, as the builders need it.
@@ -165,9 +153,12 @@ pub struct WorkspaceVolume<'a> {
 /// `{pool, managed-by, owner}`: the labels of every pool object.
 pub fn pool_labels(pool: &PoolMeta<'_>) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (LABEL_POOL.to_string(), pool.name.to_string()),
-        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
-        (LABEL_OWNER.to_string(), pool.owner_scope.to_string()),
+        (names::POOL_LABEL.to_string(), pool.name.to_string()),
+        (
+            names::MANAGED_BY_LABEL.to_string(),
+            names::MANAGED_BY_VALUE.to_string(),
+        ),
+        (names::OWNER_LABEL.to_string(), pool.owner_scope.to_string()),
     ])
 }
 
@@ -182,7 +173,7 @@ pub fn workspace_pvc(
     storage_class: Option<&str>,
 ) -> PersistentVolumeClaim {
     let mut labels = pool_labels(pool);
-    labels.insert(KEY_REPLICAS.to_string(), pool.replicas.to_string());
+    labels.insert(names::REPLICAS_KEY.to_string(), pool.replicas.to_string());
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -230,8 +221,11 @@ pub fn sandbox(
 ) -> Sandbox {
     let labels = pool_labels(pool);
     let mut annotations = BTreeMap::from([
-        (ANN_READ_ONLY.to_string(), volume.read_only.to_string()),
-        (KEY_REPLICAS.to_string(), pool.replicas.to_string()),
+        (
+            names::WORKSPACE_READ_ONLY_ANNOTATION.to_string(),
+            volume.read_only.to_string(),
+        ),
+        (names::REPLICAS_KEY.to_string(), pool.replicas.to_string()),
         (ANN_STRATEGY.to_string(), pool.strategy.as_str().to_string()),
         (ANN_WORKSPACE_SIZE.to_string(), workspace.size.clone()),
         (
@@ -244,7 +238,7 @@ pub fn sandbox(
     }
     if pool.strategy == StrategyKind::Existing {
         annotations.insert(
-            ANN_WORKSPACE_CLAIM.to_string(),
+            names::WORKSPACE_CLAIM_ANNOTATION.to_string(),
             volume.claim_name.to_string(),
         );
     }
@@ -285,7 +279,7 @@ pub fn sandbox(
         when_unsatisfiable: "ScheduleAnyway".to_string(),
         label_selector: Some(LabelSelector {
             match_labels: Some(BTreeMap::from([(
-                LABEL_POOL.to_string(),
+                names::POOL_LABEL.to_string(),
                 pool.name.to_string(),
             )])),
             match_expressions: None,
@@ -307,7 +301,7 @@ pub fn sandbox(
         ..PodSpec::default()
     };
     let mut object = Sandbox::new(
-        &sandbox_name(pool.name, index),
+        &names::sandbox(pool.name, index),
         SandboxSpec {
             pod_template: PodTemplate {
                 metadata: Some(PodMetadata {
@@ -335,7 +329,7 @@ pub fn sandbox_claim(
     now: Timestamp,
 ) -> SandboxClaim {
     let mut object = SandboxClaim::new(
-        &claim_name(pool.name, index),
+        &names::claim(pool.name, index),
         SandboxClaimSpec {
             warm_pool_ref: WarmPoolRef {
                 name: warm_pool.to_string(),
@@ -348,7 +342,7 @@ pub fn sandbox_claim(
             // Only the pool label, as upstream: it is what the harness's
             // selector matches on the claimed pod.
             additional_pod_metadata: settings.claim_pod_label.then(|| PodMetadata {
-                labels: BTreeMap::from([(LABEL_POOL.to_string(), pool.name.to_string())]),
+                labels: BTreeMap::from([(names::POOL_LABEL.to_string(), pool.name.to_string())]),
                 annotations: BTreeMap::new(),
             }),
         },
@@ -356,7 +350,7 @@ pub fn sandbox_claim(
     object.metadata.namespace = Some(settings.namespace.clone());
     object.metadata.labels = Some(pool_labels(pool));
     object.metadata.annotations = Some(BTreeMap::from([
-        (KEY_REPLICAS.to_string(), pool.replicas.to_string()),
+        (names::REPLICAS_KEY.to_string(), pool.replicas.to_string()),
         (
             ANN_STRATEGY.to_string(),
             StrategyKind::Warm.as_str().to_string(),
@@ -408,14 +402,20 @@ pub fn context_pvc(
     storage_class: Option<&str>,
 ) -> PersistentVolumeClaim {
     let labels = BTreeMap::from([
-        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
-        (LABEL_CONTEXT_NAME.to_string(), name.to_string()),
-        (LABEL_CONTEXT_TYPE.to_string(), context_type.to_string()),
-        (LABEL_OWNER.to_string(), owner_scope.to_string()),
+        (
+            names::MANAGED_BY_LABEL.to_string(),
+            names::MANAGED_BY_VALUE.to_string(),
+        ),
+        (names::CONTEXT_NAME_LABEL.to_string(), name.to_string()),
+        (
+            names::CONTEXT_TYPE_LABEL.to_string(),
+            context_type.to_string(),
+        ),
+        (names::OWNER_LABEL.to_string(), owner_scope.to_string()),
     ]);
     PersistentVolumeClaim {
         metadata: ObjectMeta {
-            name: Some(context_pvc_name(name)),
+            name: Some(names::context_claim(name)),
             namespace: Some(namespace.to_string()),
             labels: Some(labels),
             ..ObjectMeta::default()
@@ -426,315 +426,4 @@ pub fn context_pvc(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    const OWNER: &str = "0123456789abcdef0123456789abcdef";
-
-    fn settings() -> KubeSettings {
-        KubeSettings::new("ns", "registry.example/sandbox:1")
-    }
-
-    fn meta(name: &str, replicas: u32, strategy: StrategyKind) -> PoolMeta<'_> {
-        PoolMeta {
-            name,
-            replicas,
-            owner_scope: OWNER,
-            strategy,
-        }
-    }
-
-    fn record(size: &str, mode: &str, class: Option<&str>) -> WorkspaceRecord {
-        WorkspaceRecord {
-            size: size.to_string(),
-            access_mode: mode.to_string(),
-            storage_class: class.map(str::to_string),
-        }
-    }
-
-    #[test]
-    fn names_and_selectors_match_upstream() {
-        assert_eq!(sandbox_name("bugstone-1", 2), "sandbox-bugstone-1-2");
-        assert_eq!(dedicated_pvc_name("review", 0), "review-workspace-0");
-        assert_eq!(shared_pvc_name("bugstone-1"), "bugstone-1-workspace");
-        assert_eq!(claim_name("fast-run", 2), "claim-fast-run-2");
-        assert_eq!(context_pvc_name("research"), "context-research");
-        assert_eq!(
-            managed_pool_selector("a"),
-            "context.rossoctl.io/pool=a,app.kubernetes.io/managed-by=context-service"
-        );
-    }
-
-    #[test]
-    fn dedicated_sandbox_has_upstream_pod_template_labels_and_volume() {
-        let mut settings = settings();
-        settings.sandbox_service_account = Some("sandboxes".to_string());
-        let pool = meta("review", 3, StrategyKind::Dedicated);
-        let pvc = dedicated_pvc_name("review", 2);
-        let volume = WorkspaceVolume {
-            claim_name: &pvc,
-            read_only: false,
-        };
-        let object = sandbox(
-            &settings,
-            &pool,
-            2,
-            volume,
-            &record("1Gi", "ReadWriteOnce", None),
-        );
-        let value = serde_json::to_value(&object).expect("serialises");
-        assert_eq!(value["apiVersion"], "agents.x-k8s.io/v1beta1");
-        assert_eq!(value["kind"], "Sandbox");
-        assert_eq!(value["metadata"]["name"], "sandbox-review-2");
-        assert_eq!(value["metadata"]["namespace"], "ns");
-        let labels = json!({
-            "context.rossoctl.io/pool": "review",
-            "app.kubernetes.io/managed-by": "context-service",
-            "context.rossoctl.io/owner": OWNER,
-        });
-        assert_eq!(value["metadata"]["labels"], labels);
-        let annotations = &value["metadata"]["annotations"];
-        assert_eq!(annotations["context.rossoctl.io/replicas"], "3");
-        assert_eq!(
-            annotations["context.rossoctl.io/workspace-read-only"],
-            "false"
-        );
-        assert_eq!(annotations["context.rossoctl.io/strategy"], "dedicated");
-        assert_eq!(annotations["context.rossoctl.io/workspace-size"], "1Gi");
-        assert!(annotations["context.rossoctl.io/workspace-claim"].is_null());
-        assert!(annotations["context.rossoctl.io/workspace-storage-class"].is_null());
-
-        let template = &value["spec"]["podTemplate"];
-        assert_eq!(template["metadata"]["labels"], labels);
-        let pod = &template["spec"];
-        assert_eq!(pod["serviceAccountName"], "sandboxes");
-        assert_eq!(
-            pod["topologySpreadConstraints"],
-            json!([{
-                "maxSkew": 1,
-                "topologyKey": "kubernetes.io/hostname",
-                "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": {"matchLabels": {"context.rossoctl.io/pool": "review"}},
-            }])
-        );
-        let container = &pod["containers"][0];
-        assert_eq!(pod["containers"].as_array().map(Vec::len), Some(1));
-        assert_eq!(container["name"], "sandbox");
-        assert_eq!(container["image"], "registry.example/sandbox:1");
-        assert_eq!(
-            container["command"],
-            json!([
-                "/bin/sh",
-                "-c",
-                "mkdir -p /workspace && exec sleep infinity"
-            ])
-        );
-        assert_eq!(container["workingDir"], "/workspace");
-        assert_eq!(
-            container["volumeMounts"],
-            json!([{"name": "workspace", "mountPath": "/workspace", "readOnly": false}])
-        );
-        assert_eq!(
-            container["resources"],
-            json!({"requests": {"memory": "64Mi", "cpu": "50m"}, "limits": {"memory": "256Mi"}})
-        );
-        assert_eq!(
-            pod["volumes"],
-            json!([{
-                "name": "workspace",
-                "persistentVolumeClaim": {"claimName": "review-workspace-2", "readOnly": false},
-            }])
-        );
-        // Nothing upstream does not set either: no expiry on direct sandboxes.
-        assert!(value["spec"]["shutdownTime"].is_null());
-    }
-
-    #[test]
-    fn existing_read_only_claim_is_mounted_read_only_and_recorded() {
-        let pool = meta("readers", 2, StrategyKind::Existing);
-        let volume = WorkspaceVolume {
-            claim_name: "prepared",
-            read_only: true,
-        };
-        let object = sandbox(
-            &settings(),
-            &pool,
-            0,
-            volume,
-            &record("2Gi", "ReadWriteMany", Some("nfs")),
-        );
-        let value = serde_json::to_value(&object).expect("serialises");
-        let pod = &value["spec"]["podTemplate"]["spec"];
-        assert_eq!(
-            pod["volumes"][0]["persistentVolumeClaim"],
-            json!({"claimName": "prepared", "readOnly": true})
-        );
-        assert_eq!(pod["containers"][0]["volumeMounts"][0]["readOnly"], true);
-        let annotations = &value["metadata"]["annotations"];
-        assert_eq!(
-            annotations["context.rossoctl.io/workspace-claim"],
-            "prepared"
-        );
-        assert_eq!(
-            annotations["context.rossoctl.io/workspace-read-only"],
-            "true"
-        );
-        assert_eq!(
-            annotations["context.rossoctl.io/workspace-storage-class"],
-            "nfs"
-        );
-        assert_eq!(annotations["context.rossoctl.io/strategy"], "existing");
-    }
-
-    #[test]
-    fn workspace_pvc_has_labels_mode_size_and_class_only_when_given() {
-        let pool = meta("team", 3, StrategyKind::Shared);
-        let pvc = workspace_pvc(
-            &settings(),
-            &pool,
-            "team-workspace",
-            "5Gi",
-            "ReadWriteMany",
-            Some("fast"),
-        );
-        let value = serde_json::to_value(&pvc).expect("serialises");
-        assert_eq!(value["metadata"]["name"], "team-workspace");
-        assert_eq!(value["metadata"]["namespace"], "ns");
-        assert_eq!(
-            value["metadata"]["labels"],
-            json!({
-                "context.rossoctl.io/pool": "team",
-                "app.kubernetes.io/managed-by": "context-service",
-                "context.rossoctl.io/owner": OWNER,
-                "context.rossoctl.io/replicas": "3",
-            })
-        );
-        assert_eq!(
-            value["spec"],
-            json!({
-                "accessModes": ["ReadWriteMany"],
-                "resources": {"requests": {"storage": "5Gi"}},
-                "storageClassName": "fast",
-            })
-        );
-        for class in [None, Some("")] {
-            let pvc = workspace_pvc(&settings(), &pool, "x", "1Gi", "ReadWriteOnce", class);
-            let spec = pvc.spec.expect("spec");
-            assert_eq!(spec.storage_class_name, None);
-        }
-    }
-
-    #[test]
-    fn claim_has_warm_pool_lifecycle_and_only_the_pool_pod_label() {
-        let mut settings = settings();
-        settings.claim_ttl = Duration::from_secs(3600);
-        let pool = meta("fast-run", 3, StrategyKind::Warm);
-        let now: Timestamp = "2026-11-29T16:00:00.750Z".parse().expect("time");
-        let claim = sandbox_claim(&settings, &pool, 2, "research-agents", now);
-        let value = serde_json::to_value(&claim).expect("serialises");
-        assert_eq!(value["apiVersion"], "extensions.agents.x-k8s.io/v1beta1");
-        assert_eq!(value["kind"], "SandboxClaim");
-        assert_eq!(value["metadata"]["name"], "claim-fast-run-2");
-        assert_eq!(value["metadata"]["namespace"], "ns");
-        assert_eq!(
-            value["metadata"]["labels"]["context.rossoctl.io/owner"],
-            OWNER
-        );
-        assert_eq!(
-            value["metadata"]["labels"]["app.kubernetes.io/managed-by"],
-            "context-service"
-        );
-        assert_eq!(
-            value["metadata"]["annotations"]["context.rossoctl.io/replicas"],
-            "3"
-        );
-        assert_eq!(
-            value["spec"],
-            json!({
-                "warmPoolRef": {"name": "research-agents"},
-                "lifecycle": {"shutdownTime": "2026-11-29T17:00:00Z", "shutdownPolicy": "Delete"},
-                "additionalPodMetadata": {"labels": {"context.rossoctl.io/pool": "fast-run"}},
-            })
-        );
-    }
-
-    #[test]
-    fn claim_pod_label_can_be_turned_off_for_a_stock_controller() {
-        let mut settings = settings();
-        settings.claim_pod_label = false;
-        let pool = meta("fast", 1, StrategyKind::Warm);
-        let claim = sandbox_claim(&settings, &pool, 0, "agents", Timestamp::now());
-        assert_eq!(claim.spec.additional_pod_metadata, None);
-        assert_eq!(
-            kube::ResourceExt::labels(&claim)
-                .get(LABEL_POOL)
-                .map(String::as_str),
-            Some("fast")
-        );
-    }
-
-    #[test]
-    fn owner_reference_points_at_the_sandbox_without_blocking() {
-        let pool = meta("review", 1, StrategyKind::Dedicated);
-        let volume = WorkspaceVolume {
-            claim_name: "review-workspace-0",
-            read_only: false,
-        };
-        let mut object = sandbox(&settings(), &pool, 0, volume, &WorkspaceRecord::default());
-        assert_eq!(sandbox_owner_reference(&object), None, "no uid yet");
-        object.metadata.uid = Some("u-1".to_string());
-        let owner = sandbox_owner_reference(&object).expect("owner");
-        assert_eq!(owner.api_version, "agents.x-k8s.io/v1beta1");
-        assert_eq!(owner.kind, "Sandbox");
-        assert_eq!(owner.name, "sandbox-review-0");
-        assert_eq!(owner.uid, "u-1");
-        assert_eq!(owner.controller, None);
-        assert_eq!(owner.block_owner_deletion, None);
-        let patch = pvc_owner_patch("ns", "review-workspace-0", owner);
-        assert_eq!(
-            patch,
-            json!({
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {
-                    "name": "review-workspace-0",
-                    "namespace": "ns",
-                    "ownerReferences": [{
-                        "apiVersion": "agents.x-k8s.io/v1beta1",
-                        "kind": "Sandbox",
-                        "name": "sandbox-review-0",
-                        "uid": "u-1",
-                    }],
-                },
-            })
-        );
-    }
-
-    #[test]
-    fn context_pvc_has_context_labels_and_no_pool_label() {
-        let pvc = context_pvc(
-            "team1",
-            "research",
-            "memory",
-            OWNER,
-            "5Gi",
-            "ReadWriteOnce",
-            None,
-        );
-        let value = serde_json::to_value(&pvc).expect("serialises");
-        assert_eq!(value["metadata"]["name"], "context-research");
-        assert_eq!(value["metadata"]["namespace"], "team1");
-        assert_eq!(
-            value["metadata"]["labels"],
-            json!({
-                "app.kubernetes.io/managed-by": "context-service",
-                "context.rossoctl.io/name": "research",
-                "context.rossoctl.io/type": "memory",
-                "context.rossoctl.io/owner": OWNER,
-            })
-        );
-        assert_eq!(value["spec"]["accessModes"], json!(["ReadWriteOnce"]));
-        assert!(value["spec"]["storageClassName"].is_null());
-    }
-}
+mod tests;

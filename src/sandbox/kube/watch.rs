@@ -18,8 +18,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::pool::names;
+
 use super::crd::{Sandbox, SandboxClaim};
-use super::objects::{managed_selector, LABEL_POOL};
+use super::objects::managed_selector;
 use super::status::PoolObjects;
 
 /// Label the claim controller puts on every Sandbox bound to a claim (cold
@@ -163,7 +165,7 @@ impl Caches {
     /// The objects of pool `name` as the caches see them now.
     pub fn pool_objects(&self, name: &str) -> PoolObjects {
         let in_pool = |labels: &std::collections::BTreeMap<String, String>| {
-            labels.get(LABEL_POOL).map(String::as_str) == Some(name)
+            labels.get(names::POOL_LABEL).map(String::as_str) == Some(name)
         };
         let claims = self.claims.state_filter(|claim| in_pool(claim.labels()));
         let bound_sandboxes = claims
@@ -187,7 +189,10 @@ impl Caches {
     pub fn pool_names(&self) -> BTreeSet<String> {
         let mut names = BTreeSet::new();
         let mut add = |labels: &std::collections::BTreeMap<String, String>| {
-            if let Some(pool) = labels.get(LABEL_POOL).filter(|pool| !pool.is_empty()) {
+            if let Some(pool) = labels
+                .get(names::POOL_LABEL)
+                .filter(|pool| !pool.is_empty())
+            {
                 names.insert(pool.clone());
             }
         };

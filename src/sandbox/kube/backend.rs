@@ -1,0 +1,428 @@
+//! [`KubeBackend`]: the [`SandboxBackend`] over a Kubernetes API with the
+//! agent-sandbox controller.
+//!
+//! Writes go straight to the API (create, server-side apply, delete); pool
+//! reads come from the watch caches in [`super::watch`]. Creation lives in
+//! `create`, named contexts in `contexts`; this module holds the type, its
+//! API helpers, reads, waits and deletes.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use crate::pool::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
+use crate::pool::{BackendError, SandboxBackend};
+
+use super::crd::{Sandbox, SandboxClaim};
+use super::objects;
+use super::settings::KubeSettings;
+use super::status;
+use super::watch::{self, CacheError, Caches, Watchers};
+
+/// Why a [`KubeBackend`] cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeBackendError {
+    /// A required setting is empty.
+    #[error("kube backend setting {0} must not be empty")]
+    EmptySetting(&'static str),
+    /// No kubeconfig or in-cluster configuration could be loaded.
+    #[error("loading the Kubernetes client configuration")]
+    Client(#[source] kube::Error),
+}
+
+/// Pools and named contexts as agent-sandbox objects in one namespace.
+///
+/// Build it with [`KubeBackend::new`] (or [`KubeBackend::try_default`]),
+/// then call [`KubeBackend::start_watchers`] once inside a Tokio runtime:
+/// pool reads (`get_pool`, `list_pools`, `wait_pool`) are answered from the
+/// watch caches and fail until they are started.
+///
+/// ```no_run
+/// # async fn demo() -> anyhow::Result<()> {
+/// use std::time::Duration;
+/// use context_service::sandbox::kube::{KubeBackend, KubeSettings};
+/// use context_service::pool::SandboxBackend;
+/// use context_service::pool::{PoolSpec, Strategy};
+///
+/// let client = kube::Client::try_default().await?; // KUBECONFIG or in-cluster
+/// let settings = KubeSettings::new("e2e-pools", "busybox:1.36");
+/// let backend = KubeBackend::new(client, settings)?;
+/// backend.start_watchers();
+/// backend.wait_synced(Duration::from_secs(30)).await?;
+/// let spec = PoolSpec {
+///     name: "review".into(),
+///     replicas: 2,
+///     strategy: Strategy::Shared { size: "1Gi".into(), storage_class: None },
+///     owner_scope: "0123456789abcdef0123456789abcdef".into(),
+/// };
+/// backend.create_pool(&spec).await?;
+/// let status = backend.wait_pool("review", Duration::from_secs(120)).await?;
+/// backend.delete_pool("review").await?;
+/// # let _ = status;
+/// # Ok(())
+/// # }
+/// ```
+pub struct KubeBackend {
+    pub(super) client: Client,
+    pub(super) settings: Arc<KubeSettings>,
+    /// Pools this process is creating right now.
+    pub(super) creating: InFlight,
+    /// The watch caches, once started.
+    pub(super) caches: OnceLock<(Caches, Watchers)>,
+}
+
+impl std::fmt::Debug for KubeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeBackend")
+            .field("settings", &self.settings)
+            .field("watching", &self.caches.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeBackend {
+    /// A backend talking through `client` with `settings`. Starts nothing.
+    pub fn new(client: Client, settings: KubeSettings) -> Result<Self, KubeBackendError> {
+        for (name, value) in [
+            ("namespace", &settings.namespace),
+            ("field manager", &settings.field_manager),
+            ("sandbox image", &settings.sandbox_image),
+        ] {
+            if value.trim().is_empty() {
+                return Err(KubeBackendError::EmptySetting(name));
+            }
+        }
+        Ok(Self {
+            client,
+            settings: Arc::new(settings),
+            creating: InFlight::default(),
+            caches: OnceLock::new(),
+        })
+    }
+
+    /// A backend with the in-cluster configuration or the kubeconfig
+    /// (`KUBECONFIG`, `~/.kube/config`), as `kube::Client::try_default` finds it.
+    pub async fn try_default(settings: KubeSettings) -> Result<Self, KubeBackendError> {
+        let client = Client::try_default()
+            .await
+            .map_err(KubeBackendError::Client)?;
+        Self::new(client, settings)
+    }
+
+    /// Starts the watch caches (once; later calls do nothing). Must run
+    /// inside a Tokio runtime; the watchers stop when the backend is dropped.
+    pub fn start_watchers(&self) {
+        self.caches
+            .get_or_init(|| watch::start(&self.client, &self.settings.namespace));
+    }
+
+    /// Waits until the watch caches completed their first list, at most
+    /// `timeout` (for start-up and readiness checks).
+    pub async fn wait_synced(&self, timeout: Duration) -> Result<(), BackendError> {
+        self.caches()?
+            .synced(timeout)
+            .await
+            .map_err(|e| BackendError::internal("sync watch caches", e))
+    }
+
+    /// Checks that the API server answers (for `/readyz`).
+    pub async fn check_api(&self) -> Result<(), BackendError> {
+        self.client
+            .apiserver_version()
+            .await
+            .map(|_| ())
+            .map_err(|e| BackendError::internal("reach the Kubernetes API", e))
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &KubeSettings {
+        &self.settings
+    }
+
+    /// The Kubernetes client (e.g. for exec into sandbox pods).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(super) fn caches(&self) -> Result<&Caches, BackendError> {
+        self.caches
+            .get()
+            .map(|(caches, _)| caches)
+            .ok_or_else(|| BackendError::internal("read pools", CacheError::NotStarted))
+    }
+
+    /// Caches that have completed their first list.
+    pub(super) async fn synced_caches(&self) -> Result<&Caches, BackendError> {
+        let caches = self.caches()?;
+        caches
+            .synced(self.settings.initial_sync_timeout)
+            .await
+            .map_err(|e| BackendError::internal("read pools", e))?;
+        Ok(caches)
+    }
+
+    pub(super) fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.settings.namespace)
+    }
+
+    pub(super) fn post_params(&self) -> PostParams {
+        PostParams {
+            dry_run: false,
+            field_manager: Some(self.settings.field_manager.clone()),
+        }
+    }
+
+    /// Lists `K` in the namespace by label; a missing resource type (CRD not
+    /// installed) counts as no objects, as upstream.
+    pub(super) async fn list_or_empty<K>(
+        &self,
+        selector: &str,
+        limit: Option<u32>,
+    ) -> Result<Vec<K>, kube::Error>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let mut params = ListParams::default().labels(selector);
+        if let Some(limit) = limit {
+            params = params.limit(limit);
+        }
+        match self.api::<K>().list(&params).await {
+            Ok(list) => Ok(list.items),
+            Err(error) if is_not_found(&error) => Ok(Vec::new()),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl SandboxBackend for KubeBackend {
+    async fn check_ready(&self) -> Result<(), BackendError> {
+        self.check_api().await
+    }
+
+    async fn create_pool(&self, spec: &PoolSpec) -> Result<PoolStatus, BackendError> {
+        self.create(spec).await
+    }
+
+    async fn get_pool(&self, name: &str) -> Result<Option<PoolStatus>, BackendError> {
+        let caches = self.synced_caches().await?;
+        Ok(status::pool_status(
+            name,
+            &caches.pool_objects(name),
+            self.creating.contains(name),
+        ))
+    }
+
+    async fn list_pools(&self) -> Result<Vec<PoolStatus>, BackendError> {
+        let caches = self.synced_caches().await?;
+        Ok(caches
+            .pool_names()
+            .into_iter()
+            .filter_map(|name| {
+                status::pool_status(
+                    &name,
+                    &caches.pool_objects(&name),
+                    self.creating.contains(&name),
+                )
+            })
+            .collect())
+    }
+
+    async fn delete_pool(&self, name: &str) -> Result<bool, BackendError> {
+        // Listed from the API, not the caches: a pool created a moment ago
+        // must not survive its delete.
+        let selector = objects::managed_pool_selector(name);
+        let claims = self
+            .list_or_empty::<SandboxClaim>(&selector, None)
+            .await
+            .map_err(|e| BackendError::internal("list sandbox claims", e))?;
+        let sandboxes = self
+            .list_or_empty::<Sandbox>(&selector, None)
+            .await
+            .map_err(|e| BackendError::internal("list sandboxes", e))?;
+        let pvcs = self
+            .list_or_empty::<PersistentVolumeClaim>(&selector, None)
+            .await
+            .map_err(|e| BackendError::internal("list workspace PVCs", e))?;
+        if claims.is_empty() && sandboxes.is_empty() && pvcs.is_empty() {
+            return Ok(false);
+        }
+        // Claims in the foreground, as upstream: the claim stays visible
+        // until its Sandbox and Pod are gone, so the pool does not look
+        // released while its sandboxes still run.
+        let claim_api = self.api::<SandboxClaim>();
+        for claim in &claims {
+            let claim_name = claim.name_any();
+            delete_ignoring_missing(&claim_api, &claim_name, &DeleteParams::foreground())
+                .await
+                .map_err(|e| {
+                    BackendError::internal(format!("delete sandbox claim {claim_name}"), e)
+                })?;
+        }
+        let sandbox_api = self.api::<Sandbox>();
+        for sandbox in &sandboxes {
+            let sandbox_name = sandbox.name_any();
+            delete_ignoring_missing(&sandbox_api, &sandbox_name, &background())
+                .await
+                .map_err(|e| BackendError::internal(format!("delete sandbox {sandbox_name}"), e))?;
+        }
+        // Only PVCs with our pool and managed-by labels: never the caller's
+        // existing claim, which carries neither.
+        let pvc_api = self.api::<PersistentVolumeClaim>();
+        for pvc in &pvcs {
+            let pvc_name = pvc.name_any();
+            delete_ignoring_missing(&pvc_api, &pvc_name, &background())
+                .await
+                .map_err(|e| {
+                    BackendError::internal(format!("delete workspace PVC {pvc_name}"), e)
+                })?;
+        }
+        tracing::info!(
+            pool = %name,
+            claims = claims.len(),
+            sandboxes = sandboxes.len(),
+            pvcs = pvcs.len(),
+            "sandbox pool deleted"
+        );
+        Ok(true)
+    }
+
+    async fn wait_pool(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<PoolStatus>, BackendError> {
+        let caches = self.synced_caches().await?;
+        let mut changes = caches.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Mark the current generation seen before reading, so a change
+            // between the read and the wait is not missed.
+            changes.borrow_and_update();
+            let current = status::pool_status(
+                name,
+                &caches.pool_objects(name),
+                self.creating.contains(name),
+            );
+            match &current {
+                None => return Ok(None),
+                Some(status) if status.phase.is_settled() => return Ok(current),
+                Some(_) => {}
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Err(_elapsed) => return Ok(current),
+                Ok(Ok(())) => {}
+                Ok(Err(_closed)) => {
+                    return Err(BackendError::internal(
+                        format!("wait for sandbox pool {name}"),
+                        "the watchers stopped",
+                    ))
+                }
+            }
+        }
+    }
+
+    async fn create_context(&self, spec: &ContextSpec) -> Result<ContextStatus, BackendError> {
+        self.create_context_pvc(spec).await
+    }
+
+    async fn get_context(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ContextStatus>, BackendError> {
+        self.context_pvc(namespace, name).await
+    }
+
+    async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError> {
+        self.list_context_pvcs(namespace).await
+    }
+
+    async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
+        self.delete_context_pvc(namespace, name).await
+    }
+}
+
+/// Background propagation: the garbage collector removes dependents.
+pub(super) fn background() -> DeleteParams {
+    DeleteParams::background()
+}
+
+/// Deletes `name`; a missing object is fine (deletes are idempotent).
+pub(super) async fn delete_ignoring_missing<K>(
+    api: &Api<K>,
+    name: &str,
+    params: &DeleteParams,
+) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, params).await {
+        Ok(_) => Ok(()),
+        Err(error) if is_not_found(&error) => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// A create's error: a 409 means the name is taken.
+pub(super) fn create_error(error: kube::Error, context: impl Into<String>) -> BackendError {
+    match &error {
+        kube::Error::Api(status) if status.is_already_exists() || status.code == 409 => {
+            BackendError::AlreadyExists
+        }
+        _ => BackendError::internal(context, error),
+    }
+}
+
+/// A 404: the object (or its resource type) does not exist.
+pub(super) fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.is_not_found() || status.code == 404)
+}
+
+/// Names of pools being created right now in this process.
+#[derive(Debug, Default, Clone)]
+pub(super) struct InFlight(Arc<Mutex<HashSet<String>>>);
+
+/// Removes its name from the in-flight set when dropped.
+pub(super) struct InFlightGuard {
+    set: InFlight,
+    name: String,
+}
+
+impl InFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        // The set stays consistent even if a holder panicked.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Marks `name` in flight; `None` if it already is.
+    pub(super) fn begin(&self, name: &str) -> Option<InFlightGuard> {
+        self.lock().insert(name.to_string()).then(|| InFlightGuard {
+            set: self.clone(),
+            name: name.to_string(),
+        })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.lock().contains(name)
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.name);
+    }
+}

@@ -1,0 +1,272 @@
+//! Pool status from plain objects: phase (`provisioning | ready | failed`)
+//! with reason and message from the Sandbox / SandboxClaim / Pod conditions,
+//! ready count, members, and the workspace description.
+//!
+//! Pure functions over objects already selected for one pool, so they are
+//! unit-testable without a cluster; the watch caches feed them. This
+//! module finds the members of warm and direct pools; `conditions` says
+//! why a member is not ready and what phase that gives the pool;
+//! `workspace` reads back a direct pool's workspace and strategy.
+
+mod conditions;
+mod workspace;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
+
+use crate::pool::model::{Member, PoolStatus, Strategy, WorkspaceView};
+use crate::pool::names;
+
+use super::crd::{Sandbox, SandboxClaim};
+use super::objects::{StrategyKind, ANN_POD_NAME, ANN_STRATEGY};
+use conditions::{condition, finish, is_true, Problem};
+use workspace::{direct_workspace, infer_strategy, requested_strategy};
+
+/// Label the claim controller puts on the Sandbox it binds to a claim.
+const LABEL_CLAIM_UID: &str = "agents.x-k8s.io/claim-uid";
+
+/// The objects of one pool, as selected by its pool label, plus the
+/// Sandboxes its claims are bound to (they carry the controller's labels,
+/// not ours, after a warm adoption).
+#[derive(Debug, Clone, Default)]
+pub struct PoolObjects {
+    /// SandboxClaims with the pool label.
+    pub claims: Vec<Arc<SandboxClaim>>,
+    /// Sandboxes with the pool label (direct strategies).
+    pub sandboxes: Vec<Arc<Sandbox>>,
+    /// Managed PVCs with the pool label.
+    pub pvcs: Vec<Arc<PersistentVolumeClaim>>,
+    /// Pods of the pool's sandboxes.
+    pub pods: Vec<Arc<Pod>>,
+    /// Sandboxes bound to the pool's claims, found by `status.sandbox.name`.
+    pub bound_sandboxes: Vec<Arc<Sandbox>>,
+}
+
+impl PoolObjects {
+    /// No claim, Sandbox or PVC carries the pool label: there is no pool.
+    pub fn is_empty(&self) -> bool {
+        self.claims.is_empty() && self.sandboxes.is_empty() && self.pvcs.is_empty()
+    }
+}
+
+/// The status of pool `name`, or `None` when no object of it exists.
+/// `creating` says a create of this pool is still running, so missing
+/// members are expected rather than a failure.
+pub fn pool_status(name: &str, objects: &PoolObjects, creating: bool) -> Option<PoolStatus> {
+    if objects.is_empty() {
+        return None;
+    }
+    Some(if objects.claims.is_empty() {
+        direct_status(name, objects, creating)
+    } else {
+        warm_status(name, objects, creating)
+    })
+}
+
+/// Status of a warm pool: claim → bound Sandbox → pod (agent-sandbox §3.1).
+fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus {
+    let mut claims: Vec<&SandboxClaim> = objects.claims.iter().map(Arc::as_ref).collect();
+    claims.sort_by_key(|claim| index_key(&claim.name_any()));
+    let first = claims[0];
+    let replicas = replicas_from(first.annotations()).unwrap_or(claims.len() as u32);
+    let mut members = Vec::with_capacity(claims.len());
+    let mut problems = Vec::new();
+    for claim in &claims {
+        let ready_condition = claim
+            .status
+            .as_ref()
+            .and_then(|status| condition(&status.conditions, "Ready"));
+        let terminating = claim.metadata.deletion_timestamp.is_some();
+        let ready = is_true(ready_condition) && !terminating;
+        let bound = claim
+            .status
+            .as_ref()
+            .and_then(|status| status.sandbox.as_ref())
+            .map(|sandbox| sandbox.name.as_str())
+            .filter(|name| !name.is_empty());
+        let member = match bound {
+            Some(sandbox_name) => {
+                let sandbox = bound_sandbox(claim, sandbox_name, &objects.bound_sandboxes);
+                // Pod name = the controller's annotation, falling back to the
+                // Sandbox name (the SDKs' rule); unknown until the Sandbox is
+                // seen or the claim reports ready.
+                let pod = match sandbox {
+                    Some(sandbox) => Some(pod_name(sandbox)),
+                    None if ready => Some(sandbox_name.to_string()),
+                    None => None,
+                };
+                Member {
+                    name: sandbox_name.to_string(),
+                    pod,
+                    ready,
+                }
+            }
+            None => Member {
+                name: claim.name_any(),
+                pod: None,
+                ready,
+            },
+        };
+        if terminating {
+            problems.push(Problem::terminating(&claim.name_any()));
+        } else if !ready {
+            problems.push(Problem::from_condition(&claim.name_any(), ready_condition));
+        }
+        members.push(member);
+    }
+    let strategy = Strategy::Warm {
+        pool: first.spec.warm_pool_ref.name.clone(),
+    };
+    finish(
+        name,
+        replicas,
+        strategy,
+        WorkspaceView::default(),
+        members,
+        problems,
+        creating,
+        owner_of(first.labels()),
+    )
+}
+
+/// The Sandbox a claim is bound to, only if it really belongs to that claim
+/// (its claim-UID label or an owner reference names the claim), so a
+/// same-named foreign Sandbox is never reported as a member.
+fn bound_sandbox<'a>(
+    claim: &SandboxClaim,
+    sandbox_name: &str,
+    candidates: &'a [Arc<Sandbox>],
+) -> Option<&'a Sandbox> {
+    let uid = claim.uid()?;
+    candidates
+        .iter()
+        .map(Arc::as_ref)
+        .filter(|sandbox| sandbox.name_any() == sandbox_name)
+        .find(|sandbox| {
+            sandbox.labels().get(LABEL_CLAIM_UID) == Some(&uid)
+                || sandbox
+                    .owner_references()
+                    .iter()
+                    .any(|owner| owner.uid == uid)
+        })
+}
+
+/// Status of a direct pool (dedicated, shared, existing).
+fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus {
+    let mut sandboxes: Vec<&Sandbox> = objects.sandboxes.iter().map(Arc::as_ref).collect();
+    sandboxes.sort_by_key(|sandbox| index_key(&sandbox.name_any()));
+    let mut pvcs: Vec<&PersistentVolumeClaim> = objects.pvcs.iter().map(Arc::as_ref).collect();
+    pvcs.sort_by_key(|pvc| index_key(&pvc.name_any()));
+    let first_sandbox = sandboxes.first().copied();
+    let first_pvc = pvcs.first().copied();
+
+    let annotations = first_sandbox
+        .map(|s| s.annotations().clone())
+        .unwrap_or_default();
+    let replicas = replicas_from(&annotations)
+        .or_else(|| first_pvc.and_then(|pvc| replicas_from(pvc.labels())))
+        .unwrap_or(sandboxes.len() as u32);
+    let claim_name = annotations
+        .get(names::WORKSPACE_CLAIM_ANNOTATION)
+        .filter(|claim| !claim.is_empty())
+        .cloned();
+    let kind = annotations
+        .get(ANN_STRATEGY)
+        .and_then(|value| StrategyKind::parse(value))
+        .filter(|kind| *kind != StrategyKind::Warm)
+        .unwrap_or_else(|| infer_strategy(claim_name.is_some(), &pvcs));
+    let workspace = direct_workspace(&annotations, claim_name, first_pvc);
+    let strategy = requested_strategy(kind, &annotations, &workspace);
+
+    let pods: BTreeMap<String, &Pod> = objects
+        .pods
+        .iter()
+        .map(|pod| (pod.name_any(), pod.as_ref()))
+        .collect();
+    let mut members = Vec::with_capacity(sandboxes.len());
+    let mut problems = Vec::new();
+    for sandbox in &sandboxes {
+        let conditions = sandbox
+            .status
+            .as_ref()
+            .map(|status| status.conditions.as_slice())
+            .unwrap_or_default();
+        let ready_condition = condition(conditions, "Ready");
+        let terminating = sandbox.metadata.deletion_timestamp.is_some();
+        let ready = is_true(ready_condition) && !terminating;
+        let expected_pod = pod_name(sandbox);
+        let pod = pods.get(&expected_pod).copied();
+        let known_pod = sandbox.annotations().contains_key(ANN_POD_NAME) || pod.is_some();
+        if terminating {
+            problems.push(Problem::terminating(&sandbox.name_any()));
+        } else if !ready {
+            let problem = pod
+                .and_then(|pod| Problem::from_pod(&sandbox.name_any(), pod))
+                .unwrap_or_else(|| {
+                    Problem::from_sandbox(&sandbox.name_any(), conditions, ready_condition)
+                });
+            problems.push(problem);
+        }
+        members.push(Member {
+            name: sandbox.name_any(),
+            pod: known_pod.then_some(expected_pod),
+            ready,
+        });
+    }
+    for pvc in &pvcs {
+        if pvc.metadata.deletion_timestamp.is_some() {
+            problems.push(Problem::terminating(&pvc.name_any()));
+        }
+        let lost = pvc
+            .status
+            .as_ref()
+            .and_then(|status| status.phase.as_deref())
+            == Some("Lost");
+        if lost {
+            problems.push(Problem::workspace_lost(&pvc.name_any()));
+        }
+    }
+    let owner = first_sandbox
+        .map(|s| owner_of(s.labels()))
+        .or_else(|| first_pvc.map(|p| owner_of(p.labels())))
+        .unwrap_or_default();
+    finish(
+        name, replicas, strategy, workspace, members, problems, creating, owner,
+    )
+}
+
+/// Pod of a Sandbox: the controller's pod-name annotation, else the Sandbox name.
+fn pod_name(sandbox: &Sandbox) -> String {
+    sandbox
+        .annotations()
+        .get(ANN_POD_NAME)
+        .filter(|name| !name.is_empty())
+        .cloned()
+        .unwrap_or_else(|| sandbox.name_any())
+}
+
+/// The replica count annotation or label.
+fn replicas_from(map: &BTreeMap<String, String>) -> Option<u32> {
+    map.get(names::REPLICAS_KEY)?.parse().ok()
+}
+
+/// The owner label, or empty.
+fn owner_of(labels: &BTreeMap<String, String>) -> String {
+    labels.get(names::OWNER_LABEL).cloned().unwrap_or_default()
+}
+
+/// Sort key putting `x-2` before `x-10`: the trailing index, then the name.
+fn index_key(name: &str) -> (u64, String) {
+    let index = name
+        .rsplit('-')
+        .next()
+        .and_then(|tail| tail.parse().ok())
+        .unwrap_or(u64::MAX);
+    (index, name.to_string())
+}
+
+#[cfg(test)]
+mod tests;

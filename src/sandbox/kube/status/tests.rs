@@ -1,0 +1,509 @@
+//! Pool status from hand-written objects: phases, reasons, members, and
+//! what older (Go prototype) objects still give.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::pool::model::PoolPhase;
+use serde_json::{json, Value};
+
+const OWNER: &str = "0123456789abcdef0123456789abcdef";
+
+fn condition(type_: &str, status: &str, reason: &str, message: &str) -> Value {
+    json!({"type": type_, "status": status, "reason": reason, "message": message})
+}
+
+fn ready() -> Value {
+    condition("Ready", "True", "DependenciesReady", "")
+}
+
+fn sandbox(name: &str, annotations: Value, conditions: Vec<Value>) -> Arc<Sandbox> {
+    let mut value = json!({
+        "apiVersion": "agents.x-k8s.io/v1beta1",
+        "kind": "Sandbox",
+        "metadata": {
+            "name": name,
+            "labels": {"context.rossoctl.io/pool": "p", "context.rossoctl.io/owner": OWNER},
+            "annotations": annotations,
+        },
+        "spec": {"podTemplate": {"spec": {"containers": [{"name": "sandbox"}]}}},
+    });
+    if !conditions.is_empty() {
+        value["status"] = json!({"conditions": conditions});
+    }
+    Arc::new(serde_json::from_value(value).expect("sandbox"))
+}
+
+fn direct(replicas: u32, strategy: &str) -> Value {
+    json!({
+        "context.rossoctl.io/replicas": replicas.to_string(),
+        "context.rossoctl.io/strategy": strategy,
+        "context.rossoctl.io/workspace-read-only": "false",
+        "context.rossoctl.io/workspace-size": "1.5Gi",
+        "context.rossoctl.io/workspace-access-mode": "ReadWriteOnce",
+    })
+}
+
+fn pvc(name: &str, size: &str, phase: &str) -> Arc<PersistentVolumeClaim> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"context.rossoctl.io/replicas": "2"}},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": size}},
+                "storageClassName": "standard",
+            },
+            "status": {"phase": phase},
+        }))
+        .expect("pvc"),
+    )
+}
+
+fn pod(name: &str, phase: &str, message: &str) -> Arc<Pod> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"phase": phase, "message": message},
+        }))
+        .expect("pod"),
+    )
+}
+
+fn claim(name: &str, uid: &str, status: Value) -> Arc<SandboxClaim> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "kind": "SandboxClaim",
+            "metadata": {
+                "name": name,
+                "uid": uid,
+                "labels": {"context.rossoctl.io/owner": OWNER},
+                "annotations": {"context.rossoctl.io/replicas": "2"},
+            },
+            "spec": {"warmPoolRef": {"name": "agents"}},
+            "status": status,
+        }))
+        .expect("claim"),
+    )
+}
+
+fn adopted(name: &str, claim_uid: &str, pod_name: Option<&str>) -> Arc<Sandbox> {
+    let annotations = match pod_name {
+        Some(pod) => json!({"agents.x-k8s.io/pod-name": pod}),
+        None => json!({}),
+    };
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "labels": {"agents.x-k8s.io/claim-uid": claim_uid},
+                "annotations": annotations,
+            },
+            "spec": {"podTemplate": {"spec": {"containers": [{"name": "c"}]}}},
+        }))
+        .expect("sandbox"),
+    )
+}
+
+#[test]
+fn no_objects_is_no_pool() {
+    assert_eq!(pool_status("p", &PoolObjects::default(), false), None);
+}
+
+#[test]
+fn all_sandboxes_ready_is_ready_with_members_in_index_order() {
+    let mut sandboxes = Vec::new();
+    for i in [10u32, 2, 0, 1, 3, 4, 5, 6, 7, 8, 9] {
+        let name = format!("sandbox-p-{i}");
+        let annotations = direct(11, "dedicated");
+        sandboxes.push(sandbox(&name, annotations, vec![ready()]));
+    }
+    let objects = PoolObjects {
+        sandboxes,
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Ready);
+    assert_eq!(status.ready_replicas, 11);
+    assert_eq!(status.replicas, 11);
+    assert_eq!(status.reason, None);
+    assert_eq!(status.owner_scope, OWNER);
+    let names: Vec<_> = status.members.iter().map(|m| m.name.clone()).collect();
+    let expected: Vec<_> = (0..11).map(|i| format!("sandbox-p-{i}")).collect();
+    assert_eq!(names, expected);
+    // No pod-name annotation and no pod seen: the pod is not known yet.
+    assert!(status.members.iter().all(|m| m.pod.is_none() && m.ready));
+}
+
+#[test]
+fn pending_sandbox_is_provisioning_with_its_reason() {
+    let mut annotations = direct(2, "dedicated");
+    annotations["agents.x-k8s.io/pod-name"] = json!("sandbox-p-0");
+    let objects = PoolObjects {
+        sandboxes: vec![
+            sandbox("sandbox-p-0", annotations, vec![ready()]),
+            sandbox(
+                "sandbox-p-1",
+                direct(2, "dedicated"),
+                vec![condition(
+                    "Ready",
+                    "False",
+                    "DependenciesNotReady",
+                    "Pod exists with phase: Pending",
+                )],
+            ),
+        ],
+        pvcs: vec![
+            pvc("p-workspace-1", "1536Mi", "Bound"),
+            pvc("p-workspace-0", "1536Mi", "Bound"),
+        ],
+        pods: vec![pod("sandbox-p-1", "Pending", "")],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.ready_replicas, 1);
+    assert_eq!(status.reason.as_deref(), Some("DependenciesNotReady"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("sandbox-p-1: Pod exists with phase: Pending")
+    );
+    assert_eq!(
+        status.members,
+        vec![
+            Member {
+                name: "sandbox-p-0".to_string(),
+                pod: Some("sandbox-p-0".to_string()),
+                ready: true,
+            },
+            Member {
+                name: "sandbox-p-1".to_string(),
+                pod: Some("sandbox-p-1".to_string()),
+                ready: false,
+            },
+        ]
+    );
+    // The workspace as the API server canonicalised it; the strategy as
+    // requested.
+    assert_eq!(status.workspace.size, "1536Mi");
+    assert_eq!(status.workspace.storage_class.as_deref(), Some("standard"));
+    assert_eq!(
+        status.strategy,
+        Strategy::Dedicated {
+            size: "1.5Gi".to_string(),
+            storage_class: None,
+        }
+    );
+}
+
+#[test]
+fn unschedulable_pod_explains_provisioning() {
+    let objects = PoolObjects {
+        sandboxes: vec![sandbox(
+            "sandbox-p-0",
+            direct(1, "shared"),
+            vec![
+                condition(
+                    "Ready",
+                    "False",
+                    "DependenciesNotReady",
+                    "Pod exists with phase: Pending",
+                ),
+                condition(
+                    "PodScheduled",
+                    "False",
+                    "Unschedulable",
+                    "0/3 nodes are available",
+                ),
+            ],
+        )],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.reason.as_deref(), Some("Unschedulable"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("sandbox-p-0: 0/3 nodes are available")
+    );
+    assert!(matches!(status.strategy, Strategy::Shared { .. }));
+}
+
+#[test]
+fn terminal_sandbox_reason_fails_the_pool() {
+    let objects = PoolObjects {
+        sandboxes: vec![
+            sandbox("sandbox-p-0", direct(2, "dedicated"), vec![ready()]),
+            sandbox(
+                "sandbox-p-1",
+                direct(2, "dedicated"),
+                vec![condition("Ready", "False", "PodFailed", "exit code 1")],
+            ),
+        ],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Failed);
+    assert_eq!(status.reason.as_deref(), Some("PodFailed"));
+    assert_eq!(status.message.as_deref(), Some("sandbox-p-1: exit code 1"));
+    assert_eq!(status.ready_replicas, 1);
+}
+
+#[test]
+fn a_failed_pod_fails_the_pool_before_the_controller_notices() {
+    let objects = PoolObjects {
+        sandboxes: vec![sandbox(
+            "sandbox-p-0",
+            direct(1, "dedicated"),
+            vec![condition(
+                "Ready",
+                "False",
+                "DependenciesNotReady",
+                "Pod is Running but not Ready",
+            )],
+        )],
+        pods: vec![pod("sandbox-p-0", "Failed", "OOMKilled")],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Failed);
+    assert_eq!(status.reason.as_deref(), Some("PodFailed"));
+    assert_eq!(status.message.as_deref(), Some("sandbox-p-0: OOMKilled"));
+    assert_eq!(status.members[0].pod.as_deref(), Some("sandbox-p-0"));
+}
+
+#[test]
+fn missing_sandboxes_fail_unless_the_create_is_running() {
+    let objects = PoolObjects {
+        sandboxes: vec![sandbox(
+            "sandbox-p-0",
+            direct(3, "dedicated"),
+            vec![ready()],
+        )],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, true).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Failed);
+    assert_eq!(status.reason.as_deref(), Some("SandboxMissing"));
+    assert_eq!(status.message.as_deref(), Some("1 of 3 sandboxes exist"));
+}
+
+#[test]
+fn terminating_members_are_not_ready() {
+    let mut claim = (*claim(
+        "claim-p-0",
+        "uid-0",
+        json!({"sandbox": {"name": "claim-p-0"}, "conditions": [ready()]}),
+    ))
+    .clone();
+    claim.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    let objects = PoolObjects {
+        claims: vec![Arc::new(claim)],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.ready_replicas, 0);
+    // One of two claims left, on its way out: a release, not a failure.
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.reason.as_deref(), Some("Terminating"));
+    assert!(!status.members[0].ready);
+
+    let mut sandbox = (*sandbox("sandbox-p-0", direct(1, "shared"), vec![ready()])).clone();
+    sandbox.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    let objects = PoolObjects {
+        sandboxes: vec![Arc::new(sandbox)],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.reason.as_deref(), Some("Terminating"));
+}
+
+#[test]
+fn lost_workspace_fails_the_pool() {
+    let objects = PoolObjects {
+        sandboxes: vec![sandbox(
+            "sandbox-p-0",
+            direct(1, "dedicated"),
+            vec![ready()],
+        )],
+        pvcs: vec![pvc("p-workspace-0", "1Gi", "Lost")],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Failed);
+    assert_eq!(status.reason.as_deref(), Some("WorkspaceLost"));
+}
+
+#[test]
+fn existing_claim_workspace_comes_from_the_recorded_annotations() {
+    let annotations = json!({
+        "context.rossoctl.io/replicas": "1",
+        "context.rossoctl.io/strategy": "existing",
+        "context.rossoctl.io/workspace-claim": "prepared",
+        "context.rossoctl.io/workspace-read-only": "true",
+        "context.rossoctl.io/workspace-size": "10Gi",
+        "context.rossoctl.io/workspace-access-mode": "ReadWriteMany",
+    });
+    let objects = PoolObjects {
+        sandboxes: vec![sandbox("sandbox-p-0", annotations, vec![])],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(
+        status.strategy,
+        Strategy::Existing {
+            claim_name: "prepared".to_string(),
+            read_only: true,
+        }
+    );
+    assert_eq!(
+        status.workspace,
+        WorkspaceView {
+            size: "10Gi".to_string(),
+            access_mode: "ReadWriteMany".to_string(),
+            storage_class: None,
+            claim_name: Some("prepared".to_string()),
+            read_only: Some(true),
+        }
+    );
+    // No conditions yet: provisioning, waiting for the controller.
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.reason.as_deref(), Some("Pending"));
+}
+
+#[test]
+fn go_prototype_objects_without_our_annotations_still_read() {
+    let annotations = json!({"context.rossoctl.io/workspace-read-only": "false"});
+    let mut rwx = (*pvc("p-workspace", "5Gi", "Bound")).clone();
+    if let Some(spec) = rwx.spec.as_mut() {
+        spec.access_modes = Some(vec!["ReadWriteMany".to_string()]);
+    }
+    let objects = PoolObjects {
+        sandboxes: vec![
+            sandbox("sandbox-p-0", annotations.clone(), vec![ready()]),
+            sandbox("sandbox-p-1", annotations, vec![ready()]),
+        ],
+        pvcs: vec![Arc::new(rwx)],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    // Replicas from the PVC label; shared from the RWX mode.
+    assert_eq!(status.replicas, 2);
+    assert_eq!(status.phase, PoolPhase::Ready);
+    assert_eq!(
+        status.strategy,
+        Strategy::Shared {
+            size: "5Gi".to_string(),
+            storage_class: Some("standard".to_string()),
+        }
+    );
+}
+
+#[test]
+fn warm_members_resolve_claim_to_adopted_sandbox_to_pod() {
+    let bound = |sandbox: &str, ready_condition: Value| json!({"sandbox": {"name": sandbox}, "conditions": [ready_condition]});
+    let objects = PoolObjects {
+        claims: vec![
+            claim("claim-p-1", "uid-1", json!({})),
+            claim("claim-p-0", "uid-0", bound("agents-x7k2p", ready())),
+        ],
+        bound_sandboxes: vec![adopted("agents-x7k2p", "uid-0", Some("agents-x7k2p-pod"))],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(
+        status.strategy,
+        Strategy::Warm {
+            pool: "agents".to_string()
+        }
+    );
+    assert_eq!(status.workspace, WorkspaceView::default());
+    assert_eq!(status.replicas, 2);
+    assert_eq!(status.ready_replicas, 1);
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.reason.as_deref(), Some("Pending"));
+    assert_eq!(
+        status.members,
+        vec![
+            Member {
+                name: "agents-x7k2p".to_string(),
+                pod: Some("agents-x7k2p-pod".to_string()),
+                ready: true,
+            },
+            Member {
+                name: "claim-p-1".to_string(),
+                pod: None,
+                ready: false,
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_same_named_sandbox_of_another_claim_is_not_a_member() {
+    let objects = PoolObjects {
+        claims: vec![claim(
+            "claim-p-0",
+            "uid-0",
+            json!({"sandbox": {"name": "agents-abcde"}}),
+        )],
+        bound_sandboxes: vec![adopted("agents-abcde", "uid-someone-else", Some("evil"))],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.members[0].name, "agents-abcde");
+    assert_eq!(status.members[0].pod, None);
+}
+
+#[test]
+fn missing_warm_pool_fails_the_pool_with_the_claim_reason() {
+    let not_found = condition(
+        "Ready",
+        "False",
+        "WarmPoolNotFound",
+        "warm pool agents not found",
+    );
+    let objects = PoolObjects {
+        claims: vec![
+            claim(
+                "claim-p-0",
+                "uid-0",
+                json!({"conditions": [not_found.clone()]}),
+            ),
+            claim("claim-p-1", "uid-1", json!({"conditions": [not_found]})),
+        ],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Failed);
+    assert_eq!(status.reason.as_deref(), Some("WarmPoolNotFound"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("claim-p-0: warm pool agents not found")
+    );
+    assert_eq!(status.ready_replicas, 0);
+}
+
+#[test]
+fn all_claims_ready_is_ready_even_before_the_sandboxes_are_cached() {
+    let bound = |sandbox: &str| json!({"sandbox": {"name": sandbox}, "conditions": [ready()]});
+    let objects = PoolObjects {
+        claims: vec![
+            claim("claim-p-0", "uid-0", bound("claim-p-0")),
+            claim("claim-p-1", "uid-1", bound("agents-q")),
+        ],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Ready);
+    assert_eq!(status.ready_replicas, 2);
+    // Falls back to the Sandbox name, as the SDKs do.
+    assert_eq!(status.members[1].pod.as_deref(), Some("agents-q"));
+}

@@ -1,0 +1,70 @@
+//! What a pool spec creates: the names of its volumes, sandboxes and
+//! claims, in creation order (the names of the Kubernetes backend).
+
+use crate::pool::model::{PoolSpec, Strategy};
+use crate::pool::names;
+
+use super::reservation::{claim_key, sandbox_key, volume_key};
+
+/// The objects a spec creates, in creation order.
+#[derive(Debug, Default)]
+pub(super) struct Plan {
+    pub(super) volumes: Vec<String>,
+    pub(super) sandboxes: Vec<String>,
+    pub(super) claims: Vec<String>,
+    /// The sandboxes the claims adopt (chosen at creation only).
+    pub(super) warm_sandboxes: Vec<String>,
+}
+
+impl Plan {
+    /// The plan of `spec`.
+    pub(super) fn of(spec: &PoolSpec) -> Self {
+        let n = spec.replicas;
+        let name = spec.name.as_str();
+        let sandboxes = || (0..n).map(|i| names::sandbox(name, i)).collect();
+        match &spec.strategy {
+            Strategy::Dedicated { .. } => Plan {
+                volumes: (0..n)
+                    .map(|i| names::dedicated_workspace(name, i))
+                    .collect(),
+                sandboxes: sandboxes(),
+                ..Plan::default()
+            },
+            Strategy::Shared { .. } => Plan {
+                volumes: vec![names::shared_workspace(name)],
+                sandboxes: sandboxes(),
+                ..Plan::default()
+            },
+            Strategy::Existing { .. } => Plan {
+                sandboxes: sandboxes(),
+                ..Plan::default()
+            },
+            Strategy::Warm { .. } => Plan {
+                claims: (0..n).map(|i| names::claim(name, i)).collect(),
+                ..Plan::default()
+            },
+        }
+    }
+
+    /// Reservation keys of every object the plan creates.
+    pub(super) fn keys(&self, ns: &str) -> Vec<String> {
+        let volumes = self.volumes.iter().map(|v| volume_key(ns, v));
+        let sandboxes = self
+            .sandboxes
+            .iter()
+            .chain(&self.warm_sandboxes)
+            .map(|s| sandbox_key(s));
+        let claims = self.claims.iter().map(|c| claim_key(c));
+        volumes.chain(sandboxes).chain(claims).collect()
+    }
+
+    /// The volume sandbox `index` mounts.
+    pub(super) fn volume_for(&self, spec: &PoolSpec, index: usize) -> Option<String> {
+        match &spec.strategy {
+            Strategy::Dedicated { .. } => self.volumes.get(index).cloned(),
+            Strategy::Shared { .. } => self.volumes.first().cloned(),
+            Strategy::Existing { claim_name, .. } => Some(claim_name.clone()),
+            Strategy::Warm { .. } => None,
+        }
+    }
+}

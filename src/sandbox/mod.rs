@@ -1,0 +1,38 @@
+//! Sandbox backends: where pools and named contexts really live.
+//!
+//! Two implementations of the pool domain's port,
+//! [`crate::pool::SandboxBackend`]: `local` (the embedded default:
+//! directories under the data dir) and `kube` (agent-sandbox CRDs and PVCs
+//! in a Kubernetes namespace). Backends know nothing about owners beyond
+//! recording and reporting [`crate::pool::PoolSpec::owner_scope`]; the pool
+//! service filters and hides other owners' objects.
+
+pub mod kube;
+pub mod local;
+
+use std::sync::Arc;
+
+use crate::pool::SandboxBackend;
+
+/// Which backend to open, with its settings (built by the application from
+/// its configuration).
+#[derive(Debug, Clone)]
+pub enum SandboxSettings {
+    /// Directories under the data dir.
+    Local(local::LocalSettings),
+    /// A Kubernetes cluster with the agent-sandbox controller.
+    Kube(kube::KubeSettings),
+}
+
+/// Opens the backend `settings` select; a `kube` backend starts its watch
+/// caches here.
+pub async fn open(settings: SandboxSettings) -> anyhow::Result<Arc<dyn SandboxBackend>> {
+    match settings {
+        SandboxSettings::Local(settings) => Ok(Arc::new(local::LocalBackend::open(settings)?)),
+        SandboxSettings::Kube(settings) => {
+            let backend = kube::KubeBackend::try_default(settings).await?;
+            backend.start_watchers();
+            Ok(Arc::new(backend))
+        }
+    }
+}
