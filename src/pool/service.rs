@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api::{ApiError, ApiResult};
 use crate::backend::{BackendError, SandboxBackend};
-use crate::error::{ApiError, ApiResult};
 
 use super::model::{ContextStatus, PoolStatus};
 use super::validate::{self, CreateContextRequest, CreatePoolRequest};
