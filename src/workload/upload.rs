@@ -64,13 +64,18 @@ impl WorkloadService {
                 return Err(classify_bundle_error(e));
             }
         };
+        let bundle::Report {
+            inspection,
+            bundle_digest,
+            bundle_bytes,
+        } = report;
         let revision = RevisionRecord {
-            revision: report.revision,
-            bundle_digest: report.bundle_digest,
-            files: report.files,
-            entries: report.entries,
-            bytes: report.bundle_bytes,
-            inflated_bytes: report.inflated_bytes,
+            revision: inspection.revision,
+            bundle_digest,
+            files: inspection.files,
+            entries: inspection.entries,
+            bytes: bundle_bytes,
+            inflated_bytes: inspection.inflated_bytes,
             uploaded_at_ms: now_ms(),
         };
         let name = ticket.name.clone();
