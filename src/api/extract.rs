@@ -134,26 +134,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::auth::dev::DevIssuer;
-    use crate::auth::{KeySet, TokenPolicy};
-
-    struct Fixture {
-        _dir: tempfile::TempDir,
-        issuer: DevIssuer,
-        auth: Authenticator,
-    }
-
-    fn fixture() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let issuer = DevIssuer::ensure(dir.path()).unwrap();
-        let mut keys = KeySet::new();
-        keys.add_jwks(&issuer.jwks()).unwrap();
-        Fixture {
-            _dir: dir,
-            issuer,
-            auth: Authenticator::new(keys, TokenPolicy::default()),
-        }
-    }
+    use crate::auth::tests::{fixture, Fixture};
+    use crate::auth::TokenPolicy;
 
     fn mint(f: &Fixture, scope: &str) -> String {
         f.issuer

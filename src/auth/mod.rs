@@ -141,4 +141,4 @@ impl Authenticator {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -32,13 +32,16 @@ fn claims(sub: &str, scope: &str) -> Claims {
     }
 }
 
-struct Fixture {
+/// A development issuer and an authenticator that trusts it (and the test
+/// JWKS); the API's extractor tests use it too.
+pub(crate) struct Fixture {
     _dir: tempfile::TempDir,
-    issuer: DevIssuer,
-    auth: Authenticator,
+    pub(crate) issuer: DevIssuer,
+    pub(crate) auth: Authenticator,
 }
 
-fn fixture() -> Fixture {
+/// A fresh [`Fixture`] in a temp dir.
+pub(crate) fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let issuer = DevIssuer::ensure(dir.path()).unwrap();
     let mut keys = KeySet::new();
