@@ -7,13 +7,14 @@ use anyhow::Context as _;
 use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
-use crate::auth::{Authenticator, KeySet, OwnerScope};
 use crate::config::{BackendKind, ServeConfig};
 use crate::fsutil;
 use crate::metrics::Metrics;
 use crate::pool::PoolService;
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
-use crate::workload::WorkloadService;
+use crate::auth::{Authenticator, KeySet, OwnerScope, TokenPolicy};
+use crate::bundle::Limits;
+use crate::workload::{WorkloadService, WorkloadSettings};
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -97,6 +98,35 @@ fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
             settings.claim_ttl = config.claim_ttl;
             settings.claim_pod_label = config.kube_claim_pod_label;
             SandboxSettings::Kube(settings)
+        }
+    }
+}
+
+/// Each component's settings, derived from the flags here so that settings
+/// flow one way: `config` knows no component, and no component knows
+/// `ServeConfig`.
+impl ServeConfig {
+    /// The workload service's settings.
+    pub fn workload_settings(&self) -> WorkloadSettings {
+        WorkloadSettings {
+            quota: self.workload_quota,
+            grant_ttl: self.upload_grant_ttl,
+            limits: Limits {
+                compressed_bytes: self.bundle_max_bytes,
+                inflated_bytes: self.bundle_max_inflated_bytes,
+                entries: self.bundle_max_entries,
+                file_bytes: self.bundle_max_file_bytes,
+                ..Limits::default()
+            },
+        }
+    }
+
+    /// The token policy these settings describe.
+    pub fn token_policy(&self) -> TokenPolicy {
+        TokenPolicy {
+            issuer: self.token_issuer.clone(),
+            audience: self.token_audience.clone(),
+            leeway_secs: self.token_leeway_secs,
         }
     }
 }

@@ -4,8 +4,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::auth::TokenPolicy;
-
 /// Which sandbox backend the allocation engine uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum BackendKind {
@@ -146,29 +144,5 @@ impl ServeConfig {
         config.data_dir = data_dir;
         config.listen = listen;
         config
-    }
-
-    /// The workload service's settings.
-    pub fn workload_settings(&self) -> crate::workload::WorkloadSettings {
-        crate::workload::WorkloadSettings {
-            quota: self.workload_quota,
-            grant_ttl: self.upload_grant_ttl,
-            limits: crate::bundle::Limits {
-                compressed_bytes: self.bundle_max_bytes,
-                inflated_bytes: self.bundle_max_inflated_bytes,
-                entries: self.bundle_max_entries,
-                file_bytes: self.bundle_max_file_bytes,
-                ..crate::bundle::Limits::default()
-            },
-        }
-    }
-
-    /// The token policy these settings describe.
-    pub fn token_policy(&self) -> TokenPolicy {
-        TokenPolicy {
-            issuer: self.token_issuer.clone(),
-            audience: self.token_audience.clone(),
-            leeway_secs: self.token_leeway_secs,
-        }
     }
 }

@@ -15,7 +15,6 @@ pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod config;
-pub mod error;
 pub mod fsutil;
 pub mod metrics;
 pub mod pool;

@@ -9,10 +9,10 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 
+use super::error::ApiResult;
 use super::json::{self, path_param, Fields};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
-use crate::error::ApiResult;
 use crate::pool::validate::{CreateContextRequest, StorageRequest};
 use crate::pool::view::{Context, ContextList};
 

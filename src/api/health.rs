@@ -5,8 +5,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use super::error::ApiResult;
 use crate::app::AppState;
-use crate::error::ApiResult;
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()

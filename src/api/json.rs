@@ -14,7 +14,7 @@ use http_body_util::BodyExt as _;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
+use super::error::ApiError;
 
 /// Largest body read, as upstream's `http.MaxBytesReader`.
 pub const MAX_BODY: usize = 1 << 20;

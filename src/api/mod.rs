@@ -1,12 +1,17 @@
 //! HTTP routers, one module per resource. Handlers are thin: they extract,
 //! authorise, call a service and map the result.
 
-mod body;
 mod contexts;
+pub mod error;
+pub mod error_body;
+pub mod extract;
 mod health;
 pub mod json;
 mod pools;
 mod workloads;
+
+pub use error::{ApiError, ApiResult};
+pub use error_body::ErrorBody;
 
 use axum::routing::get;
 use axum::{middleware, Router};

@@ -12,10 +12,10 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde::Deserialize;
 
+use super::error::{ApiError, ApiResult};
 use super::json::{self, path_param, Fields};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
-use crate::error::{ApiError, ApiResult};
 use crate::pool::validate::{CreatePoolRequest, WorkspaceRequest};
 use crate::pool::view::{Pool, PoolList};
 

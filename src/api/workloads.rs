@@ -12,13 +12,11 @@ use futures::TryStreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::body::ApiJson;
+use super::error::{ApiError, ApiResult};
+use super::extract::{bearer_token, ApiJson};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
-use crate::error::{ApiError, ApiResult};
-use crate::workload::{
-    CreateWorkload, UploadTicket, WorkloadError, WorkloadService, BUNDLE_MEDIA_TYPE,
-};
+use crate::workload::{CreateWorkload, UploadTicket, WorkloadService, BUNDLE_MEDIA_TYPE};
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()
@@ -32,51 +30,6 @@ pub(super) fn router() -> Router<AppState> {
             get(download),
         )
         .route("/v1/uploads/{grant}", put(upload_by_grant))
-}
-
-impl From<WorkloadError> for ApiError {
-    fn from(e: WorkloadError) -> Self {
-        use WorkloadError as W;
-        let msg = e.to_string();
-        match e {
-            W::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "workload_not_found", msg),
-            W::NameInvalid(_) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "workload_name_invalid", msg)
-            }
-            W::TypeInvalid(_) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "context_type_invalid", msg)
-            }
-            W::NameTaken(_) => ApiError::new(StatusCode::CONFLICT, "workload_name_taken", msg),
-            W::QuotaExceeded(_) => ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "workload_quota_exceeded",
-                msg,
-            ),
-            W::RevisionInvalid(_) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "revision_invalid", msg)
-            }
-            W::RevisionMismatch(_) => ApiError::new(StatusCode::CONFLICT, "revision_mismatch", msg),
-            W::AlreadyActive(_) => {
-                ApiError::new(StatusCode::CONFLICT, "workload_already_active", msg)
-            }
-            W::NotReady(_) => ApiError::new(StatusCode::CONFLICT, "workload_not_ready", msg),
-            W::RevisionNotFound(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "revision_not_found", msg)
-            }
-            W::GrantInvalid => ApiError::token_invalid(msg),
-            W::GrantExpired => ApiError::new(StatusCode::UNAUTHORIZED, "token_expired", msg),
-            W::Bundle(b) => {
-                let message = match b.entry() {
-                    Some(entry) => format!("{}: {entry} ({b})", b.code()),
-                    None => format!("{}: {b}", b.code()),
-                };
-                ApiError::new(StatusCode::BAD_REQUEST, "bundle_rejected", message)
-            }
-            W::TooLarge(_) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "upload_too_large", msg),
-            W::UploadBroken(_) => ApiError::invalid_request(msg),
-            W::Internal(cause) => ApiError::internal(cause),
-        }
-    }
 }
 
 /// `POST /v1/workloads` body.
@@ -175,28 +128,9 @@ async fn upload_by_grant(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let token = grant_token(&headers)?;
+    let token = bearer_token(&headers, "upload token")?;
     let ticket = svc.grant_upload(&grant, token).await?;
     upload(&svc, ticket, &headers, body).await
-}
-
-/// The grant secret from `Authorization: Bearer`.
-fn grant_token(headers: &HeaderMap) -> ApiResult<&str> {
-    let value = headers
-        .get(header::AUTHORIZATION)
-        .ok_or_else(ApiError::token_required)?
-        .to_str()
-        .map_err(|_| ApiError::token_invalid("the Authorization header is not ASCII"))?;
-    match value.split_once(' ') {
-        Some((scheme, token))
-            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
-        {
-            Ok(token.trim())
-        }
-        _ => Err(ApiError::token_invalid(
-            "expected \"Authorization: Bearer <upload token>\"",
-        )),
-    }
 }
 
 /// Checks the media type and declared size, then streams the body into the

@@ -5,28 +5,21 @@
 //! (selected by `kid`), never by the token's header.
 
 pub mod dev;
+mod error;
 mod keys;
 mod owner;
 mod principal;
 
+pub use error::AuthError;
 pub use keys::{KeyError, KeySet, VerifyingKey};
 pub use owner::OwnerScope;
 pub use principal::{Principal, Scope};
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
-use axum::extract::{FromRef, FromRequestParts};
-use axum::http::request::Parts;
-use axum::http::HeaderMap;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{decode, decode_header, Validation};
 use serde::{Deserialize, Serialize};
-
-use crate::error::ApiError;
-
-/// Header a trusted service uses to act for a user: `user:<id>`.
-pub const SUBJECT_HEADER: &str = "x-context-subject";
 
 /// Longest leeway the design allows for `exp`/`nbf`.
 pub const MAX_LEEWAY_SECS: u64 = 60;
@@ -94,7 +87,7 @@ impl Authenticator {
         &self,
         token: &str,
         delegated_subject: Option<&str>,
-    ) -> Result<Principal, ApiError> {
+    ) -> Result<Principal, AuthError> {
         let claims = self.verify(token)?;
         let scopes: HashSet<String> = claims.scope.split_whitespace().map(str::to_owned).collect();
         let principal = Principal::new(claims.sub, scopes);
@@ -105,14 +98,14 @@ impl Authenticator {
     }
 
     /// Verifies signature, algorithm, `iss`, `aud`, `exp` and `nbf`.
-    pub fn verify(&self, token: &str) -> Result<Claims, ApiError> {
+    pub fn verify(&self, token: &str) -> Result<Claims, AuthError> {
         let header = decode_header(token)
-            .map_err(|e| ApiError::token_invalid(format!("malformed token: {e}")))?;
+            .map_err(|e| AuthError::token_invalid(format!("malformed token: {e}")))?;
         let key = self
             .keys
             .select(header.kid.as_deref(), header.alg)
             .ok_or_else(|| {
-                ApiError::token_invalid("no trusted key matches the token's kid and algorithm")
+                AuthError::token_invalid("no trusted key matches the token's kid and algorithm")
             })?;
         let mut validation = Validation::new(key.algorithm());
         validation.algorithms = vec![key.algorithm()];
@@ -124,72 +117,28 @@ impl Authenticator {
         let data = decode::<Claims>(token, key.decoding_key(), &validation).map_err(|e| match e
             .kind()
         {
-            ErrorKind::ExpiredSignature => ApiError::token_expired(),
-            ErrorKind::ImmatureSignature => ApiError::token_invalid("the token is not valid yet"),
+            ErrorKind::ExpiredSignature => AuthError::TokenExpired,
+            ErrorKind::ImmatureSignature => AuthError::token_invalid("the token is not valid yet"),
             ErrorKind::InvalidIssuer => {
-                ApiError::token_invalid("the token's issuer is not trusted")
+                AuthError::token_invalid("the token's issuer is not trusted")
             }
             ErrorKind::InvalidAudience => {
-                ApiError::token_invalid("the token is not meant for this service")
+                AuthError::token_invalid("the token is not meant for this service")
             }
             ErrorKind::InvalidSignature => {
-                ApiError::token_invalid("the token's signature does not verify")
+                AuthError::token_invalid("the token's signature does not verify")
             }
             ErrorKind::MissingRequiredClaim(c) => {
-                ApiError::token_invalid(format!("the token lacks the claim {c:?}"))
+                AuthError::token_invalid(format!("the token lacks the claim {c:?}"))
             }
-            _ => ApiError::token_invalid(format!("the token does not verify: {e}")),
+            _ => AuthError::token_invalid(format!("the token does not verify: {e}")),
         })?;
         if data.claims.sub.is_empty() {
-            return Err(ApiError::token_invalid("the token's subject is empty"));
+            return Err(AuthError::token_invalid("the token's subject is empty"));
         }
         Ok(data.claims)
-    }
-
-    /// Authenticates a request from its headers.
-    pub fn authenticate_headers(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
-        let token = bearer_token(headers)?;
-        let subject = match headers.get(SUBJECT_HEADER) {
-            None => None,
-            Some(v) => Some(v.to_str().map_err(|_| {
-                ApiError::invalid_request("X-Context-Subject must be visible ASCII")
-            })?),
-        };
-        self.authenticate(token, subject)
-    }
-}
-
-/// Extracts the bearer token from `Authorization`.
-fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
-    let value = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .ok_or_else(ApiError::token_required)?;
-    let value = value
-        .to_str()
-        .map_err(|_| ApiError::token_invalid("the Authorization header is not ASCII"))?;
-    let (scheme, token) = value
-        .split_once(' ')
-        .ok_or_else(|| ApiError::token_invalid("expected \"Authorization: Bearer <token>\""))?;
-    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
-        return Err(ApiError::token_invalid(
-            "expected \"Authorization: Bearer <token>\"",
-        ));
-    }
-    Ok(token.trim())
-}
-
-impl<S> FromRequestParts<S> for Principal
-where
-    S: Send + Sync,
-    Arc<Authenticator>: FromRef<S>,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let auth = Arc::<Authenticator>::from_ref(state);
-        auth.authenticate_headers(&parts.headers)
     }
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use crate::error::ApiError;
+use super::AuthError;
 
 /// A permission a token can carry in its `scope` claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -104,34 +104,26 @@ impl Principal {
         self.scopes.contains(scope.as_str())
     }
 
-    /// `Ok` when the token carries `scope`, else `403 scope_missing`.
-    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+    /// `Ok` when the token carries `scope`, else [`AuthError::ScopeMissing`].
+    pub fn require(&self, scope: Scope) -> Result<(), AuthError> {
         if self.has(scope) {
             Ok(())
         } else {
-            Err(ApiError::scope_missing(scope.as_str()))
+            Err(AuthError::ScopeMissing(scope))
         }
     }
 
     /// Switches to the subject named by `X-Context-Subject` (`user:<id>`),
     /// which only a token with scope `delegate` may do. The token's other
     /// scopes then apply to that subject.
-    pub fn delegate(self, header_value: &str) -> Result<Principal, ApiError> {
+    pub fn delegate(self, header_value: &str) -> Result<Principal, AuthError> {
         if !self.has(Scope::Delegate) {
-            return Err(ApiError::new(
-                axum::http::StatusCode::FORBIDDEN,
-                "scope_missing",
-                "X-Context-Subject needs a token with the scope \"delegate\"",
-            ));
+            return Err(AuthError::DelegateMissing);
         }
         let user = header_value
             .strip_prefix("user:")
             .filter(|id| valid_subject_id(id))
-            .ok_or_else(|| {
-                ApiError::invalid_request(
-                    "X-Context-Subject must be \"user:<id>\" with a non-empty id of visible characters",
-                )
-            })?;
+            .ok_or(AuthError::SubjectInvalid)?;
         Ok(Principal {
             subject: user.to_owned(),
             scopes: self.scopes,

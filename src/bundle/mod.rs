@@ -12,15 +12,16 @@
 mod canonical;
 mod context_layout;
 mod error;
-mod inspect;
 mod limits;
 mod pack;
 mod path;
 mod reader;
+mod report;
 mod spool;
 mod tree;
 
+pub use canonical::{canonicalize, canonicalize_async, inspect};
 pub use error::{BundleError, DeviceKind, LinkKind};
-pub use inspect::{canonicalize, canonicalize_async, inspect, Inspection, Report};
 pub use limits::{CanonicalOptions, Limits};
 pub use pack::pack_dir;
+pub use report::{Inspection, Report};

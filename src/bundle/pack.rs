@@ -9,13 +9,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::canonical::hex;
+use super::canonical::emit_tree;
+use super::canonical::writer::hex;
 use super::context_layout;
 use super::error::{BundleError, DeviceKind, LinkKind};
-use super::inspect::{emit_tree, Report};
 use super::limits::{CanonicalOptions, Limits};
 use super::path::{display_name, normalize};
 use super::reader::BLOCK;
+use super::report::{Inspection, Report};
 use super::tree::{FileNode, Tree};
 
 /// Packs `dir` into the canonical bundle written to `out`. Files are read
@@ -71,16 +72,18 @@ pub fn pack_dir<W: Write>(
         detail: "canonical bundle was not produced".into(),
     })?;
     Ok(Report {
-        revision: hex(&revision),
+        inspection: Inspection {
+            revision: hex(&revision),
+            files: tree.files(),
+            dirs: tree.dirs(),
+            entries,
+            inflated_bytes: tar_bytes,
+            compressed_bytes: 0,
+            input_inflated_bytes: tar_bytes,
+            input_entries: entries,
+        },
         bundle_digest: hex(&digest),
-        files: tree.files(),
-        dirs: tree.dirs(),
-        entries,
-        inflated_bytes: tar_bytes,
-        compressed_bytes: 0,
         bundle_bytes,
-        input_inflated_bytes: tar_bytes,
-        input_entries: entries,
     })
 }
 

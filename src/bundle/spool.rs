@@ -8,7 +8,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::canonical::CHUNK;
+use super::canonical::writer::CHUNK;
 
 /// Append-only spool of file contents.
 pub(crate) struct Spool {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
 
-use crate::error::ErrorBody;
+use crate::api::error_body::ErrorBody;
 
 pub mod workloads;
 

@@ -8,6 +8,8 @@ use bytes::Bytes;
 use flate2::write::GzEncoder;
 
 use super::*;
+use crate::cache::BundleCache;
+use crate::store::BlobStore;
 
 fn tgz(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut builder = tar::Builder::new(GzEncoder::new(Vec::new(), flate2::Compression::fast()));

@@ -1,5 +1,7 @@
-//! The streaming inspector: one pass from the upload to the canonical
-//! bundle, with bounded memory.
+//! The canonical archive and the streaming inspector that produces it:
+//! [`canonicalize`] (and [`inspect`], the same run without output) makes
+//! one pass from the upload to the canonical bundle, with bounded memory;
+//! the `writer` submodule writes the deterministic tar and its gzip.
 //!
 //! The input chain is `R` → compressed counter → gzip decoder → inflated
 //! counter → tar walker, all on the calling thread. Accepted file contents
@@ -11,6 +13,8 @@
 //! canonical archive is then emitted from the spool in sorted order at the
 //! end. Either way the bytes are identical.
 
+pub(crate) mod writer;
+
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::Path;
@@ -18,10 +22,11 @@ use std::rc::Rc;
 
 use flate2::bufread::GzDecoder;
 
-use super::canonical::{
+use writer::{
     gzip, hex, spawn_sink, AppendError, CanonicalTar, Chunked, HashingWriter, Sink, SinkJob,
     TarTap, CHUNK,
 };
+
 use super::context_layout;
 use super::error::BundleError;
 use super::limits::{CanonicalOptions, Limits};
@@ -29,92 +34,16 @@ use super::path::CanonPath;
 use super::reader::{
     ensure_no_trailing, trip, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap,
 };
+use super::report::{Inspection, Report};
 use super::spool::{RangeReader, Spool};
 use super::tree::{FileNode, Node, Tree};
-
-/// What [`inspect`] computes: the [`Report`] without the bundle digest and
-/// size, because no canonical gzip is written.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Inspection {
-    /// sha256 of the canonical uncompressed tar, 64 lowercase hex digits.
-    pub revision: String,
-    /// Regular files in the tree.
-    pub files: u64,
-    /// Directories in the tree, implied parents included.
-    pub dirs: u64,
-    /// Entries of the canonical tar (`files + dirs`).
-    pub entries: u64,
-    /// Size of the canonical uncompressed tar (what `gzip -dc bundle | wc -c`
-    /// prints; a sandbox may refuse more).
-    pub inflated_bytes: u64,
-    /// Compressed bytes read from the input.
-    pub compressed_bytes: u64,
-    /// Bytes the input inflated to (what the inflated limit measured).
-    pub input_inflated_bytes: u64,
-    /// Members of the input tar (extension headers not counted).
-    pub input_entries: u64,
-}
-
-/// The full result of the upload path.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Report {
-    /// sha256 of the canonical uncompressed tar, 64 lowercase hex digits.
-    pub revision: String,
-    /// sha256 of the canonical gzip bundle, 64 lowercase hex digits.
-    pub bundle_digest: String,
-    /// Regular files in the tree.
-    pub files: u64,
-    /// Directories in the tree, implied parents included.
-    pub dirs: u64,
-    /// Entries of the canonical tar (`files + dirs`).
-    pub entries: u64,
-    /// Size of the canonical uncompressed tar.
-    pub inflated_bytes: u64,
-    /// Compressed bytes read from the input (0 for a packed directory).
-    pub compressed_bytes: u64,
-    /// Size of the canonical `.tar.gz`.
-    pub bundle_bytes: u64,
-    /// Bytes the input inflated to (what the inflated limit measured; for a
-    /// packed directory, the canonical tar size).
-    pub input_inflated_bytes: u64,
-    /// Members of the input tar (for a packed directory, `entries`).
-    pub input_entries: u64,
-}
-
-impl Report {
-    /// The fields [`inspect`] also reports.
-    pub fn inspection(&self) -> Inspection {
-        Inspection {
-            revision: self.revision.clone(),
-            files: self.files,
-            dirs: self.dirs,
-            entries: self.entries,
-            inflated_bytes: self.inflated_bytes,
-            compressed_bytes: self.compressed_bytes,
-            input_inflated_bytes: self.input_inflated_bytes,
-            input_entries: self.input_entries,
-        }
-    }
-}
 
 /// Validates a gzip-compressed tar and computes its revision, without
 /// writing a canonical gzip (so there is no bundle digest; use
 /// [`canonicalize`] for that). File contents are spooled to an unnamed
 /// temporary file unless the members arrive in canonical order.
 pub fn inspect<R: Read>(input: R, limits: &Limits) -> Result<Inspection, BundleError> {
-    let outcome = run::<R, io::Sink>(input, limits, None, None)?;
-    Ok(Inspection {
-        revision: hex(&outcome.revision),
-        files: outcome.files,
-        dirs: outcome.dirs,
-        entries: outcome.entries,
-        inflated_bytes: outcome.tar_bytes,
-        compressed_bytes: outcome.compressed,
-        input_inflated_bytes: outcome.inflated,
-        input_entries: outcome.members,
-    })
+    Ok(run::<R, io::Sink>(input, limits, None, None)?.inspection())
 }
 
 /// The upload path: validates while streaming and writes the canonical
@@ -136,16 +65,9 @@ pub fn canonicalize<R: Read, W: Write>(
         detail: "canonical bundle was not produced".into(),
     })?;
     Ok(Report {
-        revision: hex(&outcome.revision),
+        inspection: outcome.inspection(),
         bundle_digest: hex(&digest),
-        files: outcome.files,
-        dirs: outcome.dirs,
-        entries: outcome.entries,
-        inflated_bytes: outcome.tar_bytes,
-        compressed_bytes: outcome.compressed,
         bundle_bytes,
-        input_inflated_bytes: outcome.inflated,
-        input_entries: outcome.members,
     })
 }
 
@@ -181,6 +103,21 @@ struct Outcome {
     inflated: u64,
     members: u64,
     bundle: Option<([u8; 32], u64)>,
+}
+
+impl Outcome {
+    fn inspection(&self) -> Inspection {
+        Inspection {
+            revision: hex(&self.revision),
+            files: self.files,
+            dirs: self.dirs,
+            entries: self.entries,
+            inflated_bytes: self.tar_bytes,
+            compressed_bytes: self.compressed,
+            input_inflated_bytes: self.inflated,
+            input_entries: self.members,
+        }
+    }
 }
 
 /// The speculative canonical stream (see the module docs). Field order

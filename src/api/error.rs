@@ -1,19 +1,16 @@
 //! The one API error type: every failure a handler returns becomes
 //! `{"error": "<code>", "message": "<text>"}` with a fitting status.
+//!
+//! Domain layers return their own errors; the `From` impls here are the one
+//! place where a domain error becomes a status, a code and a message.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::{Deserialize, Serialize};
 
-/// The JSON body of every error response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ErrorBody {
-    /// Stable snake_case error code, e.g. `workload_not_found`.
-    pub error: String,
-    /// Human-readable explanation; never raw backend text.
-    pub message: String,
-}
+use super::error_body::ErrorBody;
+use crate::auth::AuthError;
+use crate::workload::WorkloadError;
 
 /// An error answered to an API client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,38 +34,6 @@ impl ApiError {
     /// `400 invalid_request`.
     pub fn invalid_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
-    }
-
-    /// `401 token_required`.
-    pub fn token_required() -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "token_required",
-            "an Authorization: Bearer token is required",
-        )
-    }
-
-    /// `401 token_invalid`.
-    pub fn token_invalid(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "token_invalid", message)
-    }
-
-    /// `401 token_expired`.
-    pub fn token_expired() -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "token_expired",
-            "the token has expired",
-        )
-    }
-
-    /// `403 scope_missing`.
-    pub fn scope_missing(scope: &str) -> Self {
-        Self::new(
-            StatusCode::FORBIDDEN,
-            "scope_missing",
-            format!("the token lacks the scope {scope:?}"),
-        )
     }
 
     /// `404 not_found`.
@@ -105,6 +70,65 @@ impl ApiError {
     /// The message.
     pub fn message(&self) -> &str {
         &self.message
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        use AuthError as A;
+        let (status, code) = match &e {
+            A::TokenRequired => (StatusCode::UNAUTHORIZED, "token_required"),
+            A::TokenInvalid(_) => (StatusCode::UNAUTHORIZED, "token_invalid"),
+            A::TokenExpired => (StatusCode::UNAUTHORIZED, "token_expired"),
+            A::ScopeMissing(_) | A::DelegateMissing => (StatusCode::FORBIDDEN, "scope_missing"),
+            A::SubjectInvalid => (StatusCode::BAD_REQUEST, "invalid_request"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<WorkloadError> for ApiError {
+    fn from(e: WorkloadError) -> Self {
+        use WorkloadError as W;
+        let msg = e.to_string();
+        match e {
+            W::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "workload_not_found", msg),
+            W::NameInvalid(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "workload_name_invalid", msg)
+            }
+            W::TypeInvalid(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "context_type_invalid", msg)
+            }
+            W::NameTaken(_) => ApiError::new(StatusCode::CONFLICT, "workload_name_taken", msg),
+            W::QuotaExceeded(_) => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "workload_quota_exceeded",
+                msg,
+            ),
+            W::RevisionInvalid(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "revision_invalid", msg)
+            }
+            W::RevisionMismatch(_) => ApiError::new(StatusCode::CONFLICT, "revision_mismatch", msg),
+            W::AlreadyActive(_) => {
+                ApiError::new(StatusCode::CONFLICT, "workload_already_active", msg)
+            }
+            W::NotReady(_) => ApiError::new(StatusCode::CONFLICT, "workload_not_ready", msg),
+            W::RevisionNotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "revision_not_found", msg)
+            }
+            W::GrantInvalid => ApiError::new(StatusCode::UNAUTHORIZED, "token_invalid", msg),
+            W::GrantExpired => ApiError::new(StatusCode::UNAUTHORIZED, "token_expired", msg),
+            W::Bundle(b) => {
+                let message = match b.entry() {
+                    Some(entry) => format!("{}: {entry} ({b})", b.code()),
+                    None => format!("{}: {b}", b.code()),
+                };
+                ApiError::new(StatusCode::BAD_REQUEST, "bundle_rejected", message)
+            }
+            W::TooLarge(_) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "upload_too_large", msg),
+            W::UploadBroken(_) => ApiError::invalid_request(msg),
+            W::Internal(cause) => ApiError::internal(cause),
+        }
     }
 }
 

@@ -1,0 +1,224 @@
+//! What handlers take from a request, with failures as API errors: the
+//! caller ([`Principal`], from `Authorization` and `X-Context-Subject`), a
+//! bearer token, and a JSON body ([`ApiJson`]).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use crate::auth::{AuthError, Authenticator, Principal};
+
+/// Header a trusted service uses to act for a user: `user:<id>`.
+pub const SUBJECT_HEADER: &str = "x-context-subject";
+
+/// The token of `Authorization: Bearer <token>`, for API tokens and upload
+/// grants alike. `placeholder` names the token in the error message
+/// (`token`, `upload token`).
+pub fn bearer_token<'h>(headers: &'h HeaderMap, placeholder: &str) -> Result<&'h str, AuthError> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or(AuthError::TokenRequired)?
+        .to_str()
+        .map_err(|_| AuthError::token_invalid("the Authorization header is not ASCII"))?;
+    match value.split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(token.trim())
+        }
+        _ => Err(AuthError::token_invalid(format!(
+            "expected \"Authorization: Bearer <{placeholder}>\""
+        ))),
+    }
+}
+
+/// Authenticates a request from its headers: the bearer token, and the
+/// subject a trusted service acts for, if any.
+pub fn principal(auth: &Authenticator, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    let token = bearer_token(headers, "token")?;
+    let subject =
+        match headers.get(SUBJECT_HEADER) {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| {
+                ApiError::invalid_request("X-Context-Subject must be visible ASCII")
+            })?),
+        };
+    Ok(auth.authenticate(token, subject)?)
+}
+
+impl<S> FromRequestParts<S> for Principal
+where
+    S: Send + Sync,
+    Arc<Authenticator>: FromRef<S>,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let auth = Arc::<Authenticator>::from_ref(state);
+        principal(&auth, &parts.headers)
+    }
+}
+
+/// Largest JSON request body: the one limit every JSON route shares.
+pub const JSON_LIMIT: usize = super::json::MAX_BODY;
+
+/// A parsed JSON request body.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("the JSON body exceeds {JSON_LIMIT} bytes"),
+    )
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > JSON_LIMIT as u64) {
+            return Err(too_large());
+        }
+        let content_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap_or("").to_owned());
+        let bytes = axum::body::to_bytes(Body::new(req.into_body()), JSON_LIMIT)
+            .await
+            .map_err(|e| {
+                let limit = std::error::Error::source(&e)
+                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+                if limit {
+                    too_large()
+                } else {
+                    ApiError::invalid_request(format!("reading the body failed: {e}"))
+                }
+            })?;
+        let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            let is_json = content_type.as_deref().is_some_and(|ct| {
+                let essence = ct.split(';').next().unwrap_or("").trim();
+                essence.eq_ignore_ascii_case("application/json")
+                    || essence.to_ascii_lowercase().ends_with("+json")
+            });
+            if !is_json {
+                return Err(ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    "send the body as Content-Type: application/json",
+                ));
+            }
+            &bytes
+        };
+        serde_json::from_slice(body)
+            .map(ApiJson)
+            .map_err(|e| ApiError::invalid_request(format!("invalid JSON body: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::auth::tests::{fixture, Fixture};
+    use crate::auth::TokenPolicy;
+
+    fn mint(f: &Fixture, scope: &str) -> String {
+        f.issuer
+            .mint(
+                &TokenPolicy::default(),
+                "alice",
+                scope,
+                Duration::from_secs(60),
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn authorization_header_forms() {
+        let f = fixture();
+        let token = mint(&f, "");
+        let mut headers = HeaderMap::new();
+        let err = principal(&f.auth, &headers).unwrap_err();
+        assert_eq!(err.code(), "token_required");
+        assert_eq!(err.status(), 401);
+        assert_eq!(err.message(), "an Authorization: Bearer token is required");
+        headers.insert("authorization", format!("Basic {token}").parse().unwrap());
+        let err = principal(&f.auth, &headers).unwrap_err();
+        assert_eq!(err.code(), "token_invalid");
+        assert_eq!(err.message(), "expected \"Authorization: Bearer <token>\"");
+        headers.insert("authorization", format!("bearer {token}").parse().unwrap());
+        assert_eq!(principal(&f.auth, &headers).unwrap().subject(), "alice");
+        headers.insert("authorization", "Bearer garbage".parse().unwrap());
+        assert_eq!(
+            principal(&f.auth, &headers).unwrap_err().code(),
+            "token_invalid"
+        );
+    }
+
+    #[test]
+    fn upload_tokens_share_the_parser_with_their_own_wording() {
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", "Bearer  secret ".parse().unwrap());
+        assert_eq!(bearer_token(&headers, "upload token"), Ok("secret"));
+        headers.insert("authorization", "Bearer".parse().unwrap());
+        let err = ApiError::from(bearer_token(&headers, "upload token").unwrap_err());
+        assert_eq!(err.status(), 401);
+        assert_eq!(err.code(), "token_invalid");
+        assert_eq!(
+            err.message(),
+            "expected \"Authorization: Bearer <upload token>\""
+        );
+    }
+
+    #[test]
+    fn scope_and_delegation_failures_map_to_their_statuses() {
+        let f = fixture();
+        let p = f.auth.authenticate(&mint(&f, "pools:read"), None).unwrap();
+        let missing = ApiError::from(p.require(crate::auth::Scope::PoolsWrite).unwrap_err());
+        assert_eq!(missing.status(), 403);
+        assert_eq!(missing.code(), "scope_missing");
+        assert_eq!(
+            missing.message(),
+            "the token lacks the scope \"pools:write\""
+        );
+
+        let mut headers = HeaderMap::new();
+        let bearer = format!("Bearer {}", mint(&f, "workloads:read"));
+        headers.insert("authorization", bearer.parse().unwrap());
+        headers.insert(SUBJECT_HEADER, "user:bob".parse().unwrap());
+        let err = principal(&f.auth, &headers).unwrap_err();
+        assert_eq!((err.status().as_u16(), err.code()), (403, "scope_missing"));
+        assert_eq!(
+            err.message(),
+            "X-Context-Subject needs a token with the scope \"delegate\""
+        );
+
+        let bearer = format!("Bearer {}", mint(&f, "delegate"));
+        headers.insert("authorization", bearer.parse().unwrap());
+        headers.insert(SUBJECT_HEADER, "group:x".parse().unwrap());
+        let err = principal(&f.auth, &headers).unwrap_err();
+        assert_eq!(
+            (err.status().as_u16(), err.code()),
+            (400, "invalid_request")
+        );
+
+        let err = ApiError::from(AuthError::TokenExpired);
+        assert_eq!((err.status().as_u16(), err.code()), (401, "token_expired"));
+        assert_eq!(err.message(), "the token has expired");
+    }
+}

@@ -1,0 +1,398 @@
+//! The workload service type, its settings, and the lifecycle of a workload:
+//! create, read, list, activate, locate, open and delete.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+use super::names;
+use super::{RecoveryReport, WorkloadError, WorkloadMetrics, WorkloadView};
+use crate::bundle::Limits;
+use crate::cache::{BundleCache, CachedBundle};
+use crate::fsutil;
+use crate::store::{
+    BlobStore, MetadataStore, RedbStore, RevisionRecord, StoreError, WorkloadRecord, WorkloadStatus,
+};
+
+/// Tunables of the workload service.
+#[derive(Debug, Clone)]
+pub struct WorkloadSettings {
+    /// Most workloads per owner.
+    pub quota: usize,
+    /// Lifetime of an upload grant.
+    pub grant_ttl: Duration,
+    /// Bundle limits.
+    pub limits: Limits,
+}
+
+impl Default for WorkloadSettings {
+    fn default() -> Self {
+        Self {
+            quota: 20,
+            grant_ttl: Duration::from_secs(300),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A create request, already parsed.
+#[derive(Debug, Clone, Default)]
+pub struct CreateWorkload {
+    /// Requested name (default `wl-` + 8 hex).
+    pub name: Option<String>,
+    /// Context type (default `workspace`).
+    pub kind: Option<String>,
+}
+
+/// The workload service. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WorkloadService {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// The shared state behind every clone; the other files of `workload` add
+/// their methods to it.
+#[derive(Debug)]
+pub(super) struct Inner {
+    pub(super) store: Arc<dyn MetadataStore>,
+    pub(super) blobs: BlobStore,
+    pub(super) cache: Arc<BundleCache>,
+    pub(super) settings: WorkloadSettings,
+    pub(super) spool_dir: PathBuf,
+    pub(super) metrics: WorkloadMetrics,
+    /// Held while a blob is made durable and named, and while unnamed blobs
+    /// are collected.
+    pub(super) gc: Mutex<()>,
+}
+
+/// Milliseconds since the epoch (0 before it).
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// `N` bytes from the thread's CSPRNG.
+pub(super) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    rand::rng().fill_bytes(&mut b);
+    b
+}
+
+/// sha256 of `data` as 64 lowercase hex digits.
+pub(super) fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+/// Runs store and disk work on tokio's blocking pool.
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, WorkloadError> + Send + 'static,
+) -> Result<T, WorkloadError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| WorkloadError::Internal(format!("blocking task failed: {e}")))?
+}
+
+impl WorkloadService {
+    /// Opens the embedded store under `data_dir` (`meta.redb`, `blobs/`,
+    /// `tmp/`) and runs start-up recovery before anything is served.
+    pub async fn open(
+        data_dir: &Path,
+        settings: WorkloadSettings,
+        cache: Arc<BundleCache>,
+    ) -> Result<(Self, RecoveryReport), WorkloadError> {
+        let data_dir = data_dir.to_owned();
+        blocking(move || {
+            let store_dir = data_dir.join("store");
+            fsutil::ensure_dir(&store_dir, 0o700)?;
+            let store = RedbStore::open(&store_dir.join("meta.redb"))?;
+            let blobs = BlobStore::open(&data_dir.join("blobs"))?;
+            let spool_dir = data_dir.join("tmp");
+            fsutil::ensure_dir(&spool_dir, 0o700)?;
+            let service = Self {
+                inner: Arc::new(Inner {
+                    store: Arc::new(store),
+                    blobs,
+                    cache,
+                    settings,
+                    spool_dir,
+                    metrics: WorkloadMetrics::default(),
+                    gc: Mutex::new(()),
+                }),
+            };
+            let report = service.inner.recover()?;
+            Ok((service, report))
+        })
+        .await
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &WorkloadSettings {
+        &self.inner.settings
+    }
+
+    /// The service's metrics (register them on the process registry).
+    pub fn metrics(&self) -> &WorkloadMetrics {
+        &self.inner.metrics
+    }
+
+    /// The bundle cache.
+    pub fn cache(&self) -> &Arc<BundleCache> {
+        &self.inner.cache
+    }
+
+    /// Creates a workload for `owner` and its first upload grant.
+    pub async fn create(
+        &self,
+        owner: &str,
+        req: CreateWorkload,
+    ) -> Result<WorkloadView, WorkloadError> {
+        let name = match req.name {
+            Some(n) if names::is_valid_name(&n) => n,
+            Some(n) => return Err(WorkloadError::NameInvalid(n)),
+            None => names::default_name(),
+        };
+        let kind = match req.kind {
+            Some(k) if names::CONTEXT_TYPES.contains(&k.as_str()) => k,
+            Some(k) => return Err(WorkloadError::TypeInvalid(k)),
+            None => names::DEFAULT_CONTEXT_TYPE.to_owned(),
+        };
+        let now = now_ms();
+        let record = WorkloadRecord {
+            owner: owner.to_owned(),
+            name: name.clone(),
+            uid: hex::encode(random_bytes::<16>()),
+            kind,
+            status: WorkloadStatus::AwaitingUpload,
+            candidate: None,
+            active: None,
+            failure: None,
+            created_at_ms: now,
+            updated_at_ms: now,
+            version: 0,
+        };
+        let (grant, grant_view) = self.inner.new_grant(&record);
+        let quota = self.inner.settings.quota;
+        let store = self.inner.store.clone();
+        let stored = record.clone();
+        blocking(
+            move || match store.insert_workload(&stored, &grant, quota) {
+                Ok(()) => Ok(()),
+                Err(StoreError::NameTaken) => Err(WorkloadError::NameTaken(stored.name.clone())),
+                Err(StoreError::QuotaExceeded(q)) => Err(WorkloadError::QuotaExceeded(q)),
+                Err(e) => Err(e.into()),
+            },
+        )
+        .await?;
+        let mut view = WorkloadView::of(&record);
+        view.upload = Some(grant_view);
+        Ok(view)
+    }
+
+    /// The owner's workload `name`.
+    pub async fn get(&self, owner: &str, name: &str) -> Result<WorkloadView, WorkloadError> {
+        Ok(WorkloadView::of(&self.inner.visible(owner, name).await?))
+    }
+
+    /// The owner's workloads, by name.
+    pub async fn list(&self, owner: &str) -> Result<Vec<WorkloadView>, WorkloadError> {
+        let store = self.inner.store.clone();
+        let owner = owner.to_owned();
+        let records = blocking(move || Ok(store.workloads_of(&owner)?)).await?;
+        Ok(records
+            .iter()
+            .filter(|r| r.status != WorkloadStatus::Deleting)
+            .map(WorkloadView::of)
+            .collect())
+    }
+
+    /// Freezes `revision` (which must be the latest upload). Idempotent for
+    /// the active revision; another revision of a ready workload is refused.
+    pub async fn activate(
+        &self,
+        owner: &str,
+        name: &str,
+        revision: &str,
+    ) -> Result<WorkloadView, WorkloadError> {
+        // Checked before the lookup, so a malformed revision is always 400.
+        if !names::is_valid_revision(revision) {
+            return Err(WorkloadError::RevisionInvalid(revision.to_owned()));
+        }
+        loop {
+            let mut record = self.inner.visible(owner, name).await?;
+            match record.status {
+                WorkloadStatus::Ready => {
+                    let active = record.active.as_ref().map(|r| r.revision.as_str());
+                    if active == Some(revision) {
+                        return Ok(WorkloadView::of(&record));
+                    }
+                    return Err(WorkloadError::AlreadyActive(format!(
+                        "workload {name:?} is already active with revision {}",
+                        active.unwrap_or("?")
+                    )));
+                }
+                WorkloadStatus::Failed => return Err(not_ready(&record)),
+                WorkloadStatus::Deleting => return Err(WorkloadError::NotFound(name.to_owned())),
+                WorkloadStatus::AwaitingUpload => {}
+            }
+            let candidate = match record.candidate.take() {
+                None => {
+                    return Err(WorkloadError::RevisionMismatch(format!(
+                        "nothing has been uploaded to workload {name:?} yet"
+                    )))
+                }
+                Some(c) if c.revision != revision => {
+                    return Err(WorkloadError::RevisionMismatch(format!(
+                        "revision {revision} is not the latest upload of workload {name:?} (that is {})",
+                        c.revision
+                    )))
+                }
+                Some(c) => c,
+            };
+            record.active = Some(candidate);
+            record.status = WorkloadStatus::Ready;
+            record.updated_at_ms = now_ms();
+            let store = self.inner.store.clone();
+            match blocking(move || match store.replace_workload(&record, None) {
+                Ok(r) => Ok(Some(r)),
+                Err(StoreError::Conflict) => Ok(None),
+                Err(StoreError::NotFound) => Err(WorkloadError::NotFound(record.name.clone())),
+                Err(e) => Err(e.into()),
+            })
+            .await?
+            {
+                Some(stored) => return Ok(WorkloadView::of(&stored)),
+                // Lost a race with an upload or another activation: re-read.
+                None => continue,
+            }
+        }
+    }
+
+    /// The frozen revision `revision` of the owner's ready workload `name`.
+    pub async fn locate(
+        &self,
+        owner: &str,
+        name: &str,
+        revision: &str,
+    ) -> Result<RevisionRecord, WorkloadError> {
+        let record = self.inner.visible(owner, name).await?;
+        if !names::is_valid_revision(revision) {
+            return Err(WorkloadError::RevisionInvalid(revision.to_owned()));
+        }
+        if record.status != WorkloadStatus::Ready {
+            return Err(not_ready(&record));
+        }
+        match record.active {
+            Some(active) if active.revision == revision => Ok(active),
+            _ => Err(WorkloadError::RevisionNotFound(revision.to_owned())),
+        }
+    }
+
+    /// Opens a located revision's bundle through the cache.
+    pub async fn open_bundle(
+        &self,
+        name: &str,
+        revision: &RevisionRecord,
+    ) -> Result<CachedBundle, WorkloadError> {
+        let path = self.inner.blobs.path(&revision.bundle_digest)?;
+        match self
+            .inner
+            .cache
+            .get(&revision.bundle_digest, revision.bytes, &path)
+            .await
+        {
+            Ok(b) => {
+                self.inner.metrics.downloaded(b.is_memory());
+                self.inner.metrics.cache(self.inner.cache.stats());
+                Ok(b)
+            }
+            // Deleted between lookup and open.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(WorkloadError::NotFound(name.to_owned()))
+            }
+            Err(e) => Err(WorkloadError::Internal(format!(
+                "opening bundle {}: {e}",
+                revision.bundle_digest
+            ))),
+        }
+    }
+
+    /// Deletes the owner's workload `name`: marks it `deleting`, evicts its
+    /// cached bytes, removes the record and its unshared blobs. A retry (or
+    /// the next start) finishes an interrupted delete.
+    pub async fn delete(&self, owner: &str, name: &str) -> Result<(), WorkloadError> {
+        let inner = self.inner.clone();
+        let (owner, name) = (owner.to_owned(), name.to_owned());
+        blocking(move || inner.delete(&owner, &name)).await?;
+        self.inner.metrics.cache(self.inner.cache.stats());
+        Ok(())
+    }
+}
+
+/// The refusal for a workload that has no servable revision.
+pub(super) fn not_ready(record: &WorkloadRecord) -> WorkloadError {
+    let why = match (&record.status, &record.failure) {
+        (WorkloadStatus::Failed, Some(f)) => format!("workload {:?} failed: {f}", record.name),
+        _ => format!(
+            "workload {:?} is {}; activate a revision first",
+            record.name,
+            record.status.as_str()
+        ),
+    };
+    WorkloadError::NotReady(why)
+}
+
+impl Inner {
+    /// The owner's record, unless absent or being deleted.
+    pub(super) async fn visible(
+        &self,
+        owner: &str,
+        name: &str,
+    ) -> Result<WorkloadRecord, WorkloadError> {
+        if !names::is_valid_name(name) {
+            // An invalid name can never exist: answer like a missing one.
+            return Err(WorkloadError::NotFound(name.to_owned()));
+        }
+        let store = self.store.clone();
+        let (o, n) = (owner.to_owned(), name.to_owned());
+        let found = blocking(move || Ok(store.workload(&o, &n)?)).await?;
+        match found {
+            Some(r) if r.status != WorkloadStatus::Deleting => Ok(r),
+            _ => Err(WorkloadError::NotFound(name.to_owned())),
+        }
+    }
+
+    /// Marks the record `deleting`, then finishes the delete. Blocking.
+    fn delete(&self, owner: &str, name: &str) -> Result<(), WorkloadError> {
+        if !names::is_valid_name(name) {
+            return Err(WorkloadError::NotFound(name.to_owned()));
+        }
+        loop {
+            let mut record = self
+                .store
+                .workload(owner, name)?
+                .ok_or_else(|| WorkloadError::NotFound(name.to_owned()))?;
+            if record.status != WorkloadStatus::Deleting {
+                record.status = WorkloadStatus::Deleting;
+                record.updated_at_ms = now_ms();
+                record = match self.store.replace_workload(&record, None) {
+                    Ok(r) => r,
+                    Err(StoreError::Conflict) => continue,
+                    Err(StoreError::NotFound) => {
+                        return Err(WorkloadError::NotFound(name.to_owned()))
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+            }
+            if self.finish_delete(&record)? {
+                return Ok(());
+            }
+            // The record changed under us (a concurrent retry): re-read.
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! The upload path: the body streams through the bundle engine into a temp
+//! blob, which is made durable and then named by a new candidate revision.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+
+use super::service::{blocking, now_ms, Inner};
+use super::{RevisionView, UploadTicket, WorkloadError, WorkloadService};
+use crate::bundle::{self, BundleError, CanonicalOptions};
+use crate::store::{RevisionRecord, StoreError, WorkloadStatus};
+
+/// A request body: chunks of bytes or an I/O error.
+pub type BodyStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
+
+impl WorkloadService {
+    /// Streams `body` through the bundle engine into a new candidate
+    /// revision. Nothing of a refused upload stays on disk, and a refused
+    /// upload leaves its grant usable.
+    pub async fn upload(
+        &self,
+        ticket: UploadTicket,
+        body: BodyStream,
+    ) -> Result<RevisionView, WorkloadError> {
+        let limits = self.inner.settings.limits.clone();
+        let max = limits.compressed_bytes;
+        let over = Arc::new(AtomicBool::new(false));
+        let flag = over.clone();
+        let mut seen = 0u64;
+        // Chunked bodies have no Content-Length: count what arrives.
+        let counted = body.map(move |chunk| {
+            let chunk = chunk?;
+            seen += chunk.len() as u64;
+            if seen > max {
+                flag.store(true, Ordering::Release);
+                return Err(io::Error::other("upload exceeds the size limit"));
+            }
+            Ok(chunk)
+        });
+        let reader = tokio_util::io::StreamReader::new(Box::pin(counted));
+        let temp = self.inner.blobs.temp()?;
+        let out = temp.writer()?;
+        let opts = CanonicalOptions {
+            temp_dir: Some(self.inner.spool_dir.clone()),
+            ..CanonicalOptions::default()
+        };
+        let result = bundle::canonicalize_async(reader, limits, opts, out).await;
+        let report = match result {
+            Ok(r) => r,
+            Err(_) if over.load(Ordering::Acquire) => {
+                self.inner.metrics.rejected("upload_too_large");
+                return Err(WorkloadError::TooLarge(format!(
+                    "the upload exceeds the limit of {max} bytes"
+                )));
+            }
+            Err(e) => {
+                if e.is_rejection() {
+                    self.inner.metrics.rejected(e.code());
+                }
+                return Err(classify_bundle_error(e));
+            }
+        };
+        let bundle::Report {
+            inspection,
+            bundle_digest,
+            bundle_bytes,
+        } = report;
+        let revision = RevisionRecord {
+            revision: inspection.revision,
+            bundle_digest,
+            files: inspection.files,
+            entries: inspection.entries,
+            bytes: bundle_bytes,
+            inflated_bytes: inspection.inflated_bytes,
+            uploaded_at_ms: now_ms(),
+        };
+        let name = ticket.name.clone();
+        let inner = self.inner.clone();
+        let stored = revision.clone();
+        blocking(move || inner.commit_upload(&ticket, temp, stored)).await?;
+        self.inner.metrics.uploaded();
+        Ok(RevisionView::of(&name, &revision))
+    }
+}
+
+/// Maps an engine error to the API's classes.
+fn classify_bundle_error(e: BundleError) -> WorkloadError {
+    if e.is_too_large() {
+        return WorkloadError::TooLarge(e.to_string());
+    }
+    if e.is_rejection() {
+        return WorkloadError::Bundle(e);
+    }
+    match e {
+        BundleError::Io { .. } => WorkloadError::UploadBroken(e.to_string()),
+        other => WorkloadError::Internal(format!("bundle engine: {other}")),
+    }
+}
+
+impl Inner {
+    /// Makes the blob durable, then names it in the record (consuming the
+    /// grant) in one transaction. Blocking.
+    fn commit_upload(
+        &self,
+        ticket: &UploadTicket,
+        temp: crate::store::TempBlob,
+        revision: RevisionRecord,
+    ) -> Result<(), WorkloadError> {
+        let _gc = self.lock_gc();
+        self.blobs.persist(temp, &revision.bundle_digest)?;
+        let outcome = loop {
+            let record = match self.store.workload(&ticket.owner, &ticket.name)? {
+                Some(r) if r.uid == ticket.uid && r.status != WorkloadStatus::Deleting => r,
+                _ => break Err(WorkloadError::NotFound(ticket.name.clone())),
+            };
+            if let Err(e) = Self::check_uploadable(&record) {
+                break Err(e);
+            }
+            let replaced = record.candidate.as_ref().map(|c| c.bundle_digest.clone());
+            let mut next = record;
+            next.candidate = Some(revision.clone());
+            next.status = WorkloadStatus::AwaitingUpload;
+            next.failure = None;
+            next.updated_at_ms = now_ms();
+            match self
+                .store
+                .replace_workload(&next, ticket.grant_id.as_deref())
+            {
+                Ok(_) => break Ok(replaced),
+                Err(StoreError::Conflict) => continue,
+                Err(StoreError::GrantUsed) => break Err(WorkloadError::GrantInvalid),
+                Err(e) => break Err(e.into()),
+            }
+        };
+        // The replaced candidate, or this upload's blob when it lost, may now
+        // be unnamed.
+        let mut maybe_unused = vec![revision.bundle_digest.clone()];
+        if let Ok(Some(old)) = &outcome {
+            maybe_unused.push(old.clone());
+        }
+        self.collect(&maybe_unused)?;
+        outcome.map(|_| ())
+    }
+}
