@@ -17,10 +17,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
-use common::assert_error;
 use common::k8s::*;
-use context_service::pool::view::Pool;
-use context_service::sandbox::kube::crd::{Sandbox, SandboxClaim};
+use common::{assert_error, Caller};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
@@ -129,13 +127,9 @@ async fn dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox() {
         }
 
         // Another owner does not see the pool.
-        let resp = env
-            .server
-            .http()
-            .get(env.server.url("/v1/sandbox-pools/alpha"))
-            .bearer_auth(env.server.user_token("mallory"))
-            .send()
-            .await?;
+        let resp = Caller::user(&env.server, "mallory")
+            .get("/v1/sandbox-pools/alpha")
+            .await;
         assert_error(resp, 404, "not_found", "sandbox pool not found").await;
         let listed = |client: context_service::client::Client| async move {
             let list = client.list_pools().await?;
@@ -590,15 +584,12 @@ async fn racing_creates_from_two_services_make_one_pool() {
         let body = json!({"name": "race", "replicas": 3,
                           "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
         let post = |server: &common::TestServer| {
-            server
-                .http()
-                .post(server.url("/v1/sandbox-pools"))
-                .bearer_auth(server.user_token(USER))
-                .json(&body)
-                .send()
+            let caller = Caller::user(server, USER);
+            let body = body.clone();
+            async move { caller.post("/v1/sandbox-pools", &body).await }
         };
         let (a, b) = tokio::join!(post(&env.server), post(&other));
-        let codes = [a?.status().as_u16(), b?.status().as_u16()];
+        let codes = [a.status().as_u16(), b.status().as_u16()];
         let mut sorted = codes;
         sorted.sort();
         assert_eq!(sorted, [201, 409]);
@@ -782,12 +773,7 @@ async fn bench_pools() {
 #[tokio::test]
 async fn readyz_reaches_the_kubernetes_api() {
     with_env("e2e-ready", |env| async move {
-        let resp = env
-            .server
-            .http()
-            .get(env.server.url("/readyz"))
-            .send()
-            .await?;
+        let resp = Caller::anonymous(&env.server).get("/readyz").await;
         ensure!(resp.status() == 200, "readyz answered {}", resp.status());
         let body: serde_json::Value = resp.json().await?;
         ensure!(body["status"] == "ready", "readyz body {body}");

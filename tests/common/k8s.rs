@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use context_service::config::BackendKind;
-use context_service::pool::view::Pool;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ServiceAccount};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
@@ -19,7 +18,13 @@ use kube::runtime::wait::{await_condition, Condition};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 
-use super::TestServer;
+use super::{Caller, TestServer};
+
+// The crate's own types the e2e targets name, imported in this one place so
+// that a module rename touches one line.
+#[allow(unused_imports)]
+pub use context_service::sandbox::kube::crd::{Sandbox, SandboxClaim};
+pub use context_service::pool::view::Pool;
 
 /// Generous: two cores are shared by the whole control plane and cargo.
 pub const TIMEOUT: Duration = Duration::from_secs(90);
@@ -142,12 +147,10 @@ impl Env {
         dyn_api(&self.kube, &self.ns, ar)
     }
 
-    /// A raw request as [`USER`].
+    /// A raw request as [`USER`] (fallible, unlike [`Caller`]'s shortcuts,
+    /// so that a failure is reported as the step's error).
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.server
-            .http()
-            .request(method, self.server.url(path))
-            .bearer_auth(self.server.user_token(USER))
+        Caller::user(&self.server, USER).request(method, path)
     }
 
     /// `POST /v1/sandbox-pools` with `body`, as [`USER`].

@@ -1,20 +1,27 @@
-//! A real server on 127.0.0.1:0 with a temporary data dir, for API tests,
-//! and (in `archive`) helpers that craft bundles, including hostile ones.
+//! A real server on 127.0.0.1:0 with a temporary data dir, for API tests;
+//! [`Caller`] to talk to it; and (in `archive`) helpers that craft bundles,
+//! including hostile ones.
+//!
+//! Shared by the `api` test binary and the ones that must run alone in
+//! their process; each uses a part, hence `dead_code` is allowed.
 #![allow(dead_code)]
 
 mod archive;
+mod caller;
 #[cfg(feature = "e2e")]
 pub mod k8s;
 pub mod workload_bundles;
 #[allow(unused_imports)]
 pub use archive::*;
+#[allow(unused_imports)]
+pub use caller::{json_of, Caller};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use context_service::auth::dev::DevIssuer;
-use context_service::auth::Scope;
+use context_service::auth::{Scope, TokenPolicy};
 use context_service::client::Client;
 use context_service::config::ServeConfig;
 use context_service::server::Server;
@@ -73,6 +80,11 @@ impl TestServer {
         &self.config
     }
 
+    /// What the server expects of a token (issuer, audience, leeway).
+    pub fn token_policy(&self) -> TokenPolicy {
+        self.config.token_policy()
+    }
+
     /// Stops the server gracefully and waits for it; keeps the data dir.
     pub async fn stop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
@@ -97,12 +109,7 @@ impl TestServer {
     pub fn token(&self, sub: &str, scopes: &str) -> String {
         DevIssuer::load(&self.data_dir)
             .expect("dev key")
-            .mint(
-                &self.config.token_policy(),
-                sub,
-                scopes,
-                Duration::from_secs(600),
-            )
+            .mint(&self.token_policy(), sub, scopes, Duration::from_secs(600))
             .expect("mint")
     }
 
@@ -116,15 +123,10 @@ impl TestServer {
         Client::new(self.base.clone(), Some(self.user_token(sub))).expect("client")
     }
 
-    /// A raw HTTP client (no auth) for hand-made requests.
+    /// A raw HTTP client (no auth); [`Caller`] sends through it.
     pub fn http(&self) -> reqwest::Client {
         context_service::client::install_crypto_provider();
         reqwest::Client::new()
-    }
-
-    /// `base` + `path`.
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
     }
 }
 

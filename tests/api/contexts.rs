@@ -1,39 +1,19 @@
 //! Named contexts over real HTTP on the `local` backend.
 
-mod common;
-
-use common::{assert_error, TestServer};
+use crate::common::{assert_error, Caller, TestServer};
 use serde_json::{json, Value};
+
+/// The path of the context most of the end-to-end test works on.
+const MEMORY: &str = "/v1/namespaces/team1/contexts/c-memory";
 
 fn ctx(name: &str, ns: &str, ty: &str, backend: &str, size: &str, mode: &str) -> Value {
     json!({"name": name, "namespace": ns, "type": ty, "storage": {"backend": backend, "size": size, "accessMode": mode}})
 }
 
-async fn post(server: &TestServer, token: &str, body: &Value) -> reqwest::Response {
-    server
-        .http()
-        .post(server.url("/v1/contexts"))
-        .bearer_auth(token)
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-}
-
-async fn get(server: &TestServer, token: &str, path: &str) -> reqwest::Response {
-    server
-        .http()
-        .get(server.url(path))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn every_validation_rule_with_upstream_messages() {
     let server = TestServer::start().await;
-    let token = server.user_token("alice");
+    let alice = Caller::user(&server, "alice");
     let cases = [
         (ctx("", "ns", "memory", "pvc", "1Gi", "ReadWriteOnce"), "name must be a lowercase Kubernetes name no longer than 50 characters"),
         (ctx(&"a".repeat(51), "ns", "memory", "pvc", "1Gi", "ReadWriteOnce"), "name must be a lowercase Kubernetes name"),
@@ -51,7 +31,7 @@ async fn every_validation_rule_with_upstream_messages() {
     ];
     for (body, message) in cases {
         assert_error(
-            post(&server, &token, &body).await,
+            alice.post("/v1/contexts", &body).await,
             400,
             "invalid_request",
             message,
@@ -63,8 +43,8 @@ async fn every_validation_rule_with_upstream_messages() {
 #[tokio::test]
 async fn contexts_end_to_end_and_owner_isolation() {
     let server = TestServer::start().await;
-    let alice = server.user_token("alice");
-    let bob = server.user_token("bob");
+    let alice = Caller::user(&server, "alice");
+    let bob = Caller::user(&server, "bob");
     for ty in ["workspace", "memory", "knowledge", "artifacts"] {
         let body = ctx(
             &format!("c-{ty}"),
@@ -74,7 +54,7 @@ async fn contexts_end_to_end_and_owner_isolation() {
             "5Gi",
             "ReadWriteMany",
         );
-        let resp = post(&server, &alice, &body).await;
+        let resp = alice.post("/v1/contexts", &body).await;
         assert_eq!(resp.status().as_u16(), 201);
         let text = resp.text().await.unwrap();
         assert_eq!(
@@ -86,21 +66,22 @@ async fn contexts_end_to_end_and_owner_isolation() {
     }
     let body = ctx("c-memory", "team1", "memory", "pvc", "1Gi", "ReadWriteOnce");
     assert_error(
-        post(&server, &alice, &body).await,
+        alice.post("/v1/contexts", &body).await,
         409,
         "already_exists",
         "context resource already exists",
     )
     .await;
     assert_error(
-        post(&server, &bob, &body).await,
+        bob.post("/v1/contexts", &body).await,
         409,
         "already_exists",
         "context resource already exists",
     )
     .await;
 
-    let list: Value = get(&server, &alice, "/v1/namespaces/team1/contexts")
+    let list: Value = alice
+        .get("/v1/namespaces/team1/contexts")
         .await
         .json()
         .await
@@ -115,13 +96,15 @@ async fn contexts_end_to_end_and_owner_isolation() {
         names,
         ["c-artifacts", "c-knowledge", "c-memory", "c-workspace"]
     );
-    let empty: Value = get(&server, &bob, "/v1/namespaces/team1/contexts")
+    let empty: Value = bob
+        .get("/v1/namespaces/team1/contexts")
         .await
         .json()
         .await
         .unwrap();
     assert_eq!(empty, json!({"items": []}));
-    let other: Value = get(&server, &alice, "/v1/namespaces/other/contexts")
+    let other: Value = alice
+        .get("/v1/namespaces/other/contexts")
         .await
         .json()
         .await
@@ -129,68 +112,49 @@ async fn contexts_end_to_end_and_owner_isolation() {
     assert_eq!(other, json!({"items": []}));
 
     assert_error(
-        get(&server, &bob, "/v1/namespaces/team1/contexts/c-memory").await,
+        bob.get(MEMORY).await,
         404,
         "not_found",
         "context resource not found",
     )
     .await;
     assert_error(
-        get(&server, &alice, "/v1/namespaces/team1/contexts/nope").await,
+        alice.get("/v1/namespaces/team1/contexts/nope").await,
         404,
         "not_found",
         "context resource not found",
     )
     .await;
-    let got: Value = get(&server, &alice, "/v1/namespaces/team1/contexts/c-memory")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let got: Value = alice.get(MEMORY).await.json().await.unwrap();
     assert_eq!(got["type"], "memory");
 
-    let del = |token: String| {
-        let http = server.http();
-        let url = server.url("/v1/namespaces/team1/contexts/c-memory");
-        async move {
-            http.delete(url)
-                .bearer_auth(token)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
+    let del = |caller: &Caller| {
+        let caller = caller.clone();
+        async move { caller.delete(MEMORY).await.status().as_u16() }
     };
-    assert_eq!(del(bob.clone()).await, 204);
-    assert_eq!(
-        get(&server, &alice, "/v1/namespaces/team1/contexts/c-memory")
-            .await
-            .status()
-            .as_u16(),
-        200
-    );
-    assert_eq!(del(alice.clone()).await, 204);
-    assert_eq!(del(alice.clone()).await, 204);
+    assert_eq!(del(&bob).await, 204);
+    assert_eq!(alice.get(MEMORY).await.status().as_u16(), 200);
+    assert_eq!(del(&alice).await, 204);
+    assert_eq!(del(&alice).await, 204);
     assert_error(
-        get(&server, &alice, "/v1/namespaces/team1/contexts/c-memory").await,
+        alice.get(MEMORY).await,
         404,
         "not_found",
         "context resource not found",
     )
     .await;
 
-    let reader = server.token("carol", "contexts:read");
+    let reader = Caller::with_token(&server, server.token("carol", "contexts:read"));
     assert_error(
-        post(&server, &reader, &body).await,
+        reader.post("/v1/contexts", &body).await,
         403,
         "scope_missing",
         "contexts:write",
     )
     .await;
-    let pools_only = server.token("carol", "pools:read pools:write");
+    let pools_only = Caller::with_token(&server, server.token("carol", "pools:read pools:write"));
     assert_error(
-        get(&server, &pools_only, "/v1/namespaces/team1/contexts").await,
+        pools_only.get("/v1/namespaces/team1/contexts").await,
         403,
         "scope_missing",
         "contexts:read",

@@ -1,8 +1,6 @@
 //! The service starts on its embedded default and answers health checks.
 
-mod common;
-
-use common::TestServer;
+use crate::common::{Caller, TestServer};
 
 #[tokio::test]
 async fn health_and_dev_token_on_first_start() {
@@ -11,12 +9,7 @@ async fn health_and_dev_token_on_first_start() {
     assert_eq!(health["status"], "ok");
     let token = std::fs::read_to_string(server.data_dir.join("auth/dev-token")).unwrap();
     assert_eq!(token.trim().split('.').count(), 3, "dev token is a JWT");
-    let resp = server
-        .http()
-        .get(server.url("/readyz"))
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::anonymous(&server).get("/readyz").await;
     assert_eq!(resp.status(), 200);
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["status"], "ready");
@@ -35,25 +28,18 @@ fn server_auth_check(server: &TestServer, token: &str) -> String {
     let issuer = context_service::auth::dev::DevIssuer::load(&server.data_dir).unwrap();
     let mut keys = context_service::auth::KeySet::new();
     keys.add_jwks(&issuer.jwks()).unwrap();
-    let auth = context_service::auth::Authenticator::new(keys, server.config().token_policy());
+    let auth = context_service::auth::Authenticator::new(keys, server.token_policy());
     auth.authenticate(token, None).unwrap().subject().to_owned()
 }
 
 #[tokio::test]
 async fn metrics_count_requests_by_route_and_status() {
     let server = TestServer::start().await;
-    let http = server.http();
+    let anyone = Caller::anonymous(&server);
     for _ in 0..3 {
-        assert_eq!(
-            http.get(server.url("/healthz"))
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            200
-        );
+        assert_eq!(anyone.get("/healthz").await.status(), 200);
     }
-    let resp = http.get(server.url("/metrics")).send().await.unwrap();
+    let resp = anyone.get("/metrics").await;
     assert_eq!(resp.status(), 200);
     let text = resp.text().await.unwrap();
     let line = text

@@ -3,15 +3,13 @@
 //! owners or `./` prefixes; and the canonical bundle extracts with GNU tar
 //! to exactly the input tree.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use common::gz_level;
+use crate::common::gz_level;
 use context_service::bundle::{self, CanonicalOptions, Limits, Report};
 use proptest::prelude::*;
 

@@ -1,11 +1,9 @@
 //! Every rejection rule answers its own error, naming the entry; valid
 //! archives are accepted.
 
-mod common;
-
 use std::io::{self, Read};
 
-use common::*;
+use crate::common::*;
 use context_service::bundle::{self, BundleError, CanonicalOptions, DeviceKind, Limits, LinkKind};
 use sha2::{Digest, Sha256};
 

@@ -1,10 +1,8 @@
 //! Persistence across restarts and recovery from a crash (simulated by
 //! leaving what a `kill -9` would leave on disk).
 
-mod common;
-
-use common::workload_bundles::{sha256, tgz, unpack};
-use common::{assert_error, TestServer};
+use crate::common::workload_bundles::{sha256, tgz, unpack};
+use crate::common::{assert_error, Caller, TestServer};
 use context_service::store::{MetadataStore, RedbStore, WorkloadStatus};
 
 #[tokio::test]
@@ -142,16 +140,12 @@ async fn recovery_after_a_crash() {
     let w = alice.workload("lost").await.unwrap();
     assert_eq!(w.status, "failed");
     assert!(w.reason.as_deref().unwrap().contains("missing"), "{w:?}");
-    let resp = server
-        .http()
-        .get(server.url(&format!(
+    let resp = Caller::user(&server, "alice")
+        .get(&format!(
             "/v1/workloads/lost/revisions/{}/bundle",
             lost.revision
-        )))
-        .bearer_auth(server.user_token("alice"))
-        .send()
-        .await
-        .unwrap();
+        ))
+        .await;
     assert_error(resp, 409, "workload_not_ready", "missing").await;
     let err = alice
         .activate_workload("lost", &lost.revision)

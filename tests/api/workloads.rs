@@ -1,12 +1,10 @@
 //! The workloads API over real HTTP: lifecycle, every error code, owner
 //! isolation, grants, concurrency and downloads.
 
-mod common;
-
-use common::workload_bundles::{gunzip, noise, sha256, tgz, tgz_raw_name, unpack, MEDIA};
-use common::{assert_error, TestServer};
+use crate::common::workload_bundles::{gunzip, noise, sha256, tgz, tgz_raw_name, unpack, MEDIA};
+use crate::common::{assert_error, Caller, TestServer};
 use context_service::client::ClientError;
-use reqwest::header;
+use reqwest::{header, Method};
 use serde_json::{json, Value};
 
 fn api_code(e: &ClientError) -> (u16, String) {
@@ -114,16 +112,12 @@ async fn full_lifecycle_through_the_typed_client() {
     client.delete_workload("docs").await.unwrap();
     let err = client.workload("docs").await.unwrap_err();
     assert_eq!(api_code(&err), (404, "workload_not_found".into()));
-    let resp = server
-        .http()
-        .get(server.url(&format!(
+    let resp = Caller::user(&server, "alice")
+        .get(&format!(
             "/v1/workloads/docs/revisions/{}/bundle",
             rev.revision
-        )))
-        .bearer_auth(server.user_token("alice"))
-        .send()
-        .await
-        .unwrap();
+        ))
+        .await;
     assert_error(resp, 404, "workload_not_found", "docs").await;
     assert!(client.workloads().await.unwrap().is_empty());
     // The blob is gone too: nothing else names it.
@@ -150,22 +144,9 @@ fn walk_files(dir: &std::path::Path) -> usize {
 #[tokio::test]
 async fn create_validation_and_conflicts() {
     let server = TestServer::start_with(|c| c.workload_quota = 2).await;
-    let http = server.http();
-    let token = server.user_token("alice");
-    let post = |body: Value| {
-        http.post(server.url("/v1/workloads"))
-            .bearer_auth(&token)
-            .json(&body)
-            .send()
-    };
-
+    let alice = Caller::user(&server, "alice");
     // Default name and type with an empty body.
-    let resp = http
-        .post(server.url("/v1/workloads"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
+    let resp = alice.send(Method::POST, "/v1/workloads").await;
     assert_eq!(resp.status(), 201);
     let body: Value = resp.json().await.unwrap();
     let name = body["name"].as_str().unwrap();
@@ -175,69 +156,81 @@ async fn create_validation_and_conflicts() {
     assert!(!body.to_string().contains("alice"), "{body}");
 
     assert_error(
-        post(json!({"name": "Bad_Name"})).await.unwrap(),
+        alice
+            .post("/v1/workloads", &json!({"name": "Bad_Name"}))
+            .await,
         400,
         "workload_name_invalid",
         "Bad_Name",
     )
     .await;
     assert_error(
-        post(json!({"name": "a".repeat(51)})).await.unwrap(),
+        alice
+            .post("/v1/workloads", &json!({"name": "a".repeat(51)}))
+            .await,
         400,
         "workload_name_invalid",
         "at most 50",
     )
     .await;
     assert_error(
-        post(json!({"name": "ok", "type": "nope"})).await.unwrap(),
+        alice
+            .post("/v1/workloads", &json!({"name": "ok", "type": "nope"}))
+            .await,
         400,
         "context_type_invalid",
         "nope",
     )
     .await;
     assert_error(
-        post(json!({"name": "ok", "contextUpload": true}))
-            .await
-            .unwrap(),
+        alice
+            .post(
+                "/v1/workloads",
+                &json!({"name": "ok", "contextUpload": true}),
+            )
+            .await,
         400,
         "invalid_request",
         "unknown field `contextUpload`",
     )
     .await;
     assert_error(
-        post(json!(["not", "an", "object"])).await.unwrap(),
+        alice
+            .post("/v1/workloads", &json!(["not", "an", "object"]))
+            .await,
         400,
         "invalid_request",
         "invalid JSON body",
     )
     .await;
-    let resp = http
-        .post(server.url("/v1/workloads"))
-        .bearer_auth(&token)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body("{\"name\": ")
-        .send()
-        .await
-        .unwrap();
+    let resp = alice
+        .post_raw("/v1/workloads", "application/json", "{\"name\": ")
+        .await;
     assert_error(resp, 400, "invalid_request", "invalid JSON body").await;
-    let resp = http
-        .post(server.url("/v1/workloads"))
-        .bearer_auth(&token)
-        .header(header::CONTENT_TYPE, "text/plain")
-        .body("{\"name\": \"x\"}")
-        .send()
-        .await
-        .unwrap();
+    let resp = alice
+        .post_raw("/v1/workloads", "text/plain", "{\"name\": \"x\"}")
+        .await;
     assert_error(resp, 415, "unsupported_media_type", "application/json").await;
     let huge = json!({"name": "x".repeat(1024 * 1024 + 10)});
-    assert_error(post(huge).await.unwrap(), 413, "body_too_large", "1048576").await;
+    assert_error(
+        alice.post("/v1/workloads", &huge).await,
+        413,
+        "body_too_large",
+        "1048576",
+    )
+    .await;
 
-    let resp = post(json!({"name": "second", "type": "memory"}))
-        .await
-        .unwrap();
+    let resp = alice
+        .post(
+            "/v1/workloads",
+            &json!({"name": "second", "type": "memory"}),
+        )
+        .await;
     assert_eq!(resp.status(), 201);
     assert_error(
-        post(json!({"name": "second"})).await.unwrap(),
+        alice
+            .post("/v1/workloads", &json!({"name": "second"}))
+            .await,
         409,
         "workload_name_taken",
         "second",
@@ -245,43 +238,33 @@ async fn create_validation_and_conflicts() {
     .await;
     // Quota of 2 reached (the default-named one and "second").
     assert_error(
-        post(json!({"name": "third"})).await.unwrap(),
+        alice.post("/v1/workloads", &json!({"name": "third"})).await,
         429,
         "workload_quota_exceeded",
         "2 workloads",
     )
     .await;
     // Another owner has their own quota and namespace.
-    let resp = http
-        .post(server.url("/v1/workloads"))
-        .bearer_auth(server.user_token("bob"))
-        .json(&json!({"name": "second"}))
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::user(&server, "bob")
+        .post("/v1/workloads", &json!({"name": "second"}))
+        .await;
     assert_eq!(resp.status(), 201);
 }
 
 #[tokio::test]
 async fn upload_errors() {
     let server = TestServer::start_with(|c| c.bundle_max_bytes = 64 * 1024).await;
-    let http = server.http();
-    let token = server.user_token("alice");
+    let alice = Caller::user(&server, "alice");
     server
         .client("alice")
         .create_workload(Some("w"), None)
         .await
         .unwrap();
-    let put = |ct: &'static str, body: Vec<u8>| {
-        http.put(server.url("/v1/workloads/w/bundle"))
-            .bearer_auth(&token)
-            .header(header::CONTENT_TYPE, ct)
-            .body(body)
-            .send()
-    };
 
     assert_error(
-        put("text/plain", tgz(&[("a", b"a")])).await.unwrap(),
+        alice
+            .put("/v1/workloads/w/bundle", "text/plain", tgz(&[("a", b"a")]))
+            .await,
         415,
         "unsupported_media_type",
         "text/plain",
@@ -289,9 +272,13 @@ async fn upload_errors() {
     .await;
     // application/gzip is accepted too.
     assert_eq!(
-        put("application/gzip", tgz(&[("a", b"a")]))
+        alice
+            .put(
+                "/v1/workloads/w/bundle",
+                "application/gzip",
+                tgz(&[("a", b"a")])
+            )
             .await
-            .unwrap()
             .status(),
         201
     );
@@ -299,7 +286,9 @@ async fn upload_errors() {
     // Declared too large: refused before the body is read.
     let big = tgz(&[("n.bin", &noise(100 * 1024, 1))]);
     assert_error(
-        put(MEDIA, big.clone()).await.unwrap(),
+        alice
+            .put("/v1/workloads/w/bundle", MEDIA, big.clone())
+            .await,
         413,
         "upload_too_large",
         "limit is 65536",
@@ -308,26 +297,33 @@ async fn upload_errors() {
     // Chunked (no Content-Length): counted while streaming.
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         big.chunks(8192).map(|c| Ok(c.to_vec())).collect();
-    let resp = http
-        .put(server.url("/v1/workloads/w/bundle"))
-        .bearer_auth(&token)
-        .header(header::CONTENT_TYPE, MEDIA)
-        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
-        .send()
-        .await
-        .unwrap();
+    let resp = alice
+        .put(
+            "/v1/workloads/w/bundle",
+            MEDIA,
+            reqwest::Body::wrap_stream(futures::stream::iter(chunks)),
+        )
+        .await;
     assert_error(resp, 413, "upload_too_large", "65536").await;
 
     // Rejected bundles name the inspector's reason and the entry.
     assert_error(
-        put(MEDIA, tgz_raw_name("../x", b"evil")).await.unwrap(),
+        alice
+            .put(
+                "/v1/workloads/w/bundle",
+                MEDIA,
+                tgz_raw_name("../x", b"evil"),
+            )
+            .await,
         400,
         "bundle_rejected",
         "path_traversal: ../x",
     )
     .await;
     assert_error(
-        put(MEDIA, b"not gzip at all".to_vec()).await.unwrap(),
+        alice
+            .put("/v1/workloads/w/bundle", MEDIA, b"not gzip at all".to_vec())
+            .await,
         400,
         "bundle_rejected",
         "gzip",
@@ -338,22 +334,15 @@ async fn upload_errors() {
     assert_eq!(walk_files(&server.data_dir.join("tmp")), 0);
 
     // Unknown workload.
-    let resp = http
-        .put(server.url("/v1/workloads/nope/bundle"))
-        .bearer_auth(&token)
-        .header(header::CONTENT_TYPE, MEDIA)
-        .body(tgz(&[("a", b"a")]))
-        .send()
-        .await
-        .unwrap();
+    let resp = alice
+        .put("/v1/workloads/nope/bundle", MEDIA, tgz(&[("a", b"a")]))
+        .await;
     assert_error(resp, 404, "workload_not_found", "nope").await;
 
     // Rejections are counted by reason on /metrics.
-    let metrics = http
-        .get(server.url("/metrics"))
-        .send()
+    let metrics = Caller::anonymous(&server)
+        .get("/metrics")
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -369,42 +358,33 @@ async fn upload_errors() {
 #[tokio::test]
 async fn activation_rules() {
     let server = TestServer::start().await;
-    let http = server.http();
-    let token = server.user_token("alice");
+    let alice = Caller::user(&server, "alice");
     let client = server.client("alice");
     client.create_workload(Some("w"), None).await.unwrap();
     let activate = |rev: &str| {
-        http.post(server.url("/v1/workloads/w/activate"))
-            .bearer_auth(&token)
-            .json(&json!({ "revision": rev }))
-            .send()
+        let body = json!({ "revision": rev });
+        let alice = alice.clone();
+        async move { alice.post("/v1/workloads/w/activate", &body).await }
     };
     // Checked before the lookup.
     assert_error(
-        activate("abc").await.unwrap(),
+        activate("abc").await,
         400,
         "revision_invalid",
         "64 lowercase hex",
     )
     .await;
-    let resp = http
-        .post(server.url("/v1/workloads/missing/activate"))
-        .bearer_auth(&token)
-        .json(&json!({ "revision": "XYZ" }))
-        .send()
-        .await
-        .unwrap();
+    let resp = alice
+        .post(
+            "/v1/workloads/missing/activate",
+            &json!({ "revision": "XYZ" }),
+        )
+        .await;
     assert_error(resp, 400, "revision_invalid", "XYZ").await;
-    let resp = http
-        .post(server.url("/v1/workloads/w/activate"))
-        .bearer_auth(&token)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
+    let resp = alice.post("/v1/workloads/w/activate", &json!({})).await;
     assert_error(resp, 400, "invalid_request", "missing field `revision`").await;
     assert_error(
-        activate(&"a".repeat(64)).await.unwrap(),
+        activate(&"a".repeat(64)).await,
         409,
         "revision_mismatch",
         "nothing has been uploaded",
@@ -422,28 +402,25 @@ async fn activation_rules() {
     assert_ne!(first.revision, second.revision);
     // The second upload replaced the candidate.
     assert_error(
-        activate(&first.revision).await.unwrap(),
+        activate(&first.revision).await,
         409,
         "revision_mismatch",
         &second.revision,
     )
     .await;
     // Downloading before activation.
-    let resp = http
-        .get(server.url(&format!(
+    let resp = alice
+        .get(&format!(
             "/v1/workloads/w/revisions/{}/bundle",
             second.revision
-        )))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
+        ))
+        .await;
     assert_error(resp, 409, "workload_not_ready", "awaiting_upload").await;
 
-    assert_eq!(activate(&second.revision).await.unwrap().status(), 200);
-    assert_eq!(activate(&second.revision).await.unwrap().status(), 200);
+    assert_eq!(activate(&second.revision).await.status(), 200);
+    assert_eq!(activate(&second.revision).await.status(), 200);
     assert_error(
-        activate(&first.revision).await.unwrap(),
+        activate(&first.revision).await,
         409,
         "workload_already_active",
         &second.revision,
@@ -460,22 +437,14 @@ async fn activation_rules() {
     // The replaced candidate's blob was collected: only the active one stays.
     assert_eq!(walk_files(&server.data_dir.join("blobs/sha256")), 1);
     // Another revision of a ready workload is not served.
-    let resp = http
-        .get(server.url(&format!(
+    let resp = alice
+        .get(&format!(
             "/v1/workloads/w/revisions/{}/bundle",
             first.revision
-        )))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
+        ))
+        .await;
     assert_error(resp, 404, "revision_not_found", &first.revision).await;
-    let resp = http
-        .get(server.url("/v1/workloads/w/revisions/nothex/bundle"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
+    let resp = alice.get("/v1/workloads/w/revisions/nothex/bundle").await;
     assert_error(resp, 400, "revision_invalid", "nothex").await;
 }
 
@@ -500,15 +469,9 @@ async fn grants_are_single_use_bound_and_survive_failures() {
         .unwrap_err();
     assert_eq!(api_code(&err), (400, "bundle_rejected".into()));
     // B cannot use A's grant as a token for B's workload.
-    let resp = server
-        .http()
-        .put(server.url("/v1/workloads/b/bundle"))
-        .bearer_auth(&grant.token)
-        .header(header::CONTENT_TYPE, MEDIA)
-        .body(tgz(&[("f", b"b")]))
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::with_token(&server, &grant.token)
+        .put("/v1/workloads/b/bundle", MEDIA, tgz(&[("f", b"b")]))
+        .await;
     assert_error(resp, 401, "token_invalid", "").await;
     // Nor with a wrong secret on A's grant URL.
     let mut forged = grant.clone();
@@ -519,14 +482,9 @@ async fn grants_are_single_use_bound_and_survive_failures() {
         .unwrap_err();
     assert_eq!(api_code(&err), (401, "token_invalid".into()));
     // No token at all.
-    let resp = server
-        .http()
-        .put(server.url(&grant.url))
-        .header(header::CONTENT_TYPE, MEDIA)
-        .body(tgz(&[("f", b"b")]))
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::anonymous(&server)
+        .put(&grant.url, MEDIA, tgz(&[("f", b"b")]))
+        .await;
     assert_error(resp, 401, "token_required", "").await;
 
     let rev = alice
@@ -586,52 +544,32 @@ async fn owners_are_isolated() {
     bob.create_workload(Some("mine"), None).await.unwrap();
 
     // Bob sees exactly what a missing workload looks like.
-    let http = server.http();
-    let bob_token = server.user_token("bob");
+    let bob_calls = Caller::user(&server, "bob");
     for (method, path) in [
-        (reqwest::Method::GET, "/v1/workloads/secret".to_owned()),
-        (reqwest::Method::DELETE, "/v1/workloads/secret".to_owned()),
+        (Method::GET, "/v1/workloads/secret".to_owned()),
+        (Method::DELETE, "/v1/workloads/secret".to_owned()),
+        (Method::POST, "/v1/workloads/secret/uploads".to_owned()),
         (
-            reqwest::Method::POST,
-            "/v1/workloads/secret/uploads".to_owned(),
-        ),
-        (
-            reqwest::Method::GET,
+            Method::GET,
             format!("/v1/workloads/secret/revisions/{revision}/bundle"),
         ),
     ] {
-        let resp = http
-            .request(method.clone(), server.url(&path))
-            .bearer_auth(&bob_token)
-            .send()
-            .await
-            .unwrap();
+        let resp = bob_calls.send(method, &path).await;
         assert_error(resp, 404, "workload_not_found", "\"secret\"").await;
     }
-    let resp = http
-        .post(server.url("/v1/workloads/secret/activate"))
-        .bearer_auth(&bob_token)
-        .json(&json!({"revision": revision}))
-        .send()
-        .await
-        .unwrap();
+    let resp = bob_calls
+        .post(
+            "/v1/workloads/secret/activate",
+            &json!({"revision": revision}),
+        )
+        .await;
     assert_error(resp, 404, "workload_not_found", "secret").await;
-    let resp = http
-        .put(server.url("/v1/workloads/secret/bundle"))
-        .bearer_auth(&bob_token)
-        .header(header::CONTENT_TYPE, MEDIA)
-        .body(tgz(&[("x", b"y")]))
-        .send()
-        .await
-        .unwrap();
+    let resp = bob_calls
+        .put("/v1/workloads/secret/bundle", MEDIA, tgz(&[("x", b"y")]))
+        .await;
     assert_error(resp, 404, "workload_not_found", "secret").await;
     // A name that is missing everywhere answers the same way.
-    let resp = http
-        .get(server.url("/v1/workloads/nothing"))
-        .bearer_auth(&bob_token)
-        .send()
-        .await
-        .unwrap();
+    let resp = bob_calls.get("/v1/workloads/nothing").await;
     assert_error(resp, 404, "workload_not_found", "\"nothing\"").await;
 
     let names: Vec<String> = bob
@@ -722,18 +660,17 @@ async fn downloads_ranges_and_conditional_requests() {
         .activate_workload("big", revision)
         .await
         .unwrap();
-    let http = server.http();
-    let token = server.user_token("alice");
-    let url = server.url(&format!("/v1/workloads/big/revisions/{revision}/bundle"));
+    let alice = Caller::user(&server, "alice");
+    let path = format!("/v1/workloads/big/revisions/{revision}/bundle");
     let get = |headers: &[(&'static str, String)]| {
-        let mut req = http.get(&url).bearer_auth(&token);
-        for (k, v) in headers {
-            req = req.header(*k, v);
-        }
-        req.send()
+        let caller = headers
+            .iter()
+            .fold(alice.clone(), |c, (k, v)| c.with_header(k, v));
+        let path = path.clone();
+        async move { caller.get(&path).await }
     };
 
-    let full = get(&[]).await.unwrap();
+    let full = get(&[]).await;
     assert_eq!(full.status(), 200);
     let h = full.headers().clone();
     let etag = format!("\"sha256:{digest}\"");
@@ -752,15 +689,10 @@ async fn downloads_ranges_and_conditional_requests() {
     assert_eq!(sha256(&gunzip(&bytes)), revision);
     assert_eq!(unpack(&bytes)[0], ("blob.bin".to_owned(), content.clone()));
     // Byte-identical again (now from the cache).
-    assert_eq!(
-        get(&[]).await.unwrap().bytes().await.unwrap().to_vec(),
-        bytes
-    );
-    let metrics = http
-        .get(server.url("/metrics"))
-        .send()
+    assert_eq!(get(&[]).await.bytes().await.unwrap().to_vec(), bytes);
+    let metrics = Caller::anonymous(&server)
+        .get("/metrics")
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -777,20 +709,16 @@ async fn downloads_ranges_and_conditional_requests() {
         "{metrics}"
     );
 
-    let resp = get(&[("if-none-match", etag.clone())]).await.unwrap();
+    let resp = get(&[("if-none-match", etag.clone())]).await;
     assert_eq!(resp.status(), 304);
     assert_eq!(resp.headers()[header::ETAG], etag.as_str());
     assert!(resp.bytes().await.unwrap().is_empty());
-    let resp = get(&[("if-none-match", format!("\"other\", {etag}"))])
-        .await
-        .unwrap();
+    let resp = get(&[("if-none-match", format!("\"other\", {etag}"))]).await;
     assert_eq!(resp.status(), 304);
-    let resp = get(&[("if-none-match", "\"sha256:00\"".into())])
-        .await
-        .unwrap();
+    let resp = get(&[("if-none-match", "\"sha256:00\"".into())]).await;
     assert_eq!(resp.status(), 200);
 
-    let resp = get(&[("range", "bytes=0-9".into())]).await.unwrap();
+    let resp = get(&[("range", "bytes=0-9".into())]).await;
     assert_eq!(resp.status(), 206);
     assert_eq!(
         resp.headers()[header::CONTENT_RANGE],
@@ -798,27 +726,27 @@ async fn downloads_ranges_and_conditional_requests() {
     );
     assert_eq!(resp.headers()[header::CONTENT_LENGTH], "10");
     assert_eq!(resp.bytes().await.unwrap().to_vec(), bytes[..10]);
-    let resp = get(&[("range", "bytes=-5".into())]).await.unwrap();
+    let resp = get(&[("range", "bytes=-5".into())]).await;
     assert_eq!(resp.status(), 206);
     assert_eq!(
         resp.bytes().await.unwrap().to_vec(),
         bytes[bytes.len() - 5..]
     );
     let mid = format!("bytes=300000-{}", len - 2);
-    let resp = get(&[("range", mid)]).await.unwrap();
+    let resp = get(&[("range", mid)]).await;
     assert_eq!(resp.status(), 206);
     assert_eq!(
         resp.bytes().await.unwrap().to_vec(),
         bytes[300_000..bytes.len() - 1]
     );
-    let resp = get(&[("range", format!("bytes={len}-"))]).await.unwrap();
+    let resp = get(&[("range", format!("bytes={len}-"))]).await;
     assert_eq!(
         resp.headers()[header::CONTENT_RANGE],
         format!("bytes */{len}").as_str()
     );
     assert_error(resp, 416, "range_not_satisfiable", &len.to_string()).await;
     // Several ranges: the whole bundle.
-    let resp = get(&[("range", "bytes=0-1,5-6".into())]).await.unwrap();
+    let resp = get(&[("range", "bytes=0-1,5-6".into())]).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.bytes().await.unwrap().len() as u64, len);
     // A stale If-Range: the whole bundle.
@@ -826,12 +754,9 @@ async fn downloads_ranges_and_conditional_requests() {
         ("range", "bytes=0-1".into()),
         ("if-range", "\"sha256:00\"".into()),
     ])
-    .await
-    .unwrap();
+    .await;
     assert_eq!(resp.status(), 200);
-    let resp = get(&[("range", "bytes=0-1".into()), ("if-range", etag.clone())])
-        .await
-        .unwrap();
+    let resp = get(&[("range", "bytes=0-1".into()), ("if-range", etag.clone())]).await;
     assert_eq!(resp.status(), 206);
 }
 

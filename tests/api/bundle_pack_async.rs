@@ -1,15 +1,13 @@
 //! `pack_dir` applies the upload rules to a directory on disk, and the
 //! async face gives the same report as the blocking one.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read, Seek};
 use std::os::unix::ffi::OsStrExt;
 use std::process::Command;
 
-use common::{assert_rejected, gz, TarBuf};
+use crate::common::{assert_rejected, gz, TarBuf};
 use context_service::bundle::{self, CanonicalOptions, Limits};
 
 fn pack(dir: &std::path::Path) -> Result<bundle::Report, bundle::BundleError> {

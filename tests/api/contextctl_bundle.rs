@@ -1,11 +1,9 @@
 //! `contextctl bundle inspect|pack`, run as the built binary.
 
-mod common;
-
 use std::fs;
 use std::process::{Command, Output};
 
-use common::{gz, TarBuf};
+use crate::common::{gz, TarBuf};
 
 fn contextctl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_contextctl"))

@@ -1,10 +1,8 @@
 //! `contextctl workload ...` end to end against a real server, finding the
 //! development token through `--data-dir` as a newcomer would.
 
-mod common;
-
-use common::workload_bundles::{sha256, tgz, unpack};
-use common::TestServer;
+use crate::common::workload_bundles::{sha256, tgz, unpack};
+use crate::common::TestServer;
 use serde_json::Value;
 
 struct Run {

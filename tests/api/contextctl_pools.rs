@@ -1,11 +1,9 @@
 //! `contextctl` pool and context commands, run as the built binary against a
 //! real server.
 
-mod common;
-
 use std::process::Output;
 
-use common::TestServer;
+use crate::common::TestServer;
 use serde_json::Value;
 
 struct Ctl<'a> {

@@ -1,11 +1,9 @@
 //! Token attacks and delegation against the workloads endpoints.
 
-mod common;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::common::{assert_error, Caller, TestServer};
 use base64::Engine as _;
-use common::{assert_error, TestServer};
 use context_service::auth::dev::{signing_key_path, DevIssuer};
 use context_service::auth::{Claims, TokenPolicy};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
@@ -43,19 +41,13 @@ fn sign_with_server_key(server: &TestServer, claims: &Claims) -> String {
 }
 
 async fn list_with(server: &TestServer, token: &str) -> reqwest::Response {
-    server
-        .http()
-        .get(server.url("/v1/workloads"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
+    Caller::with_token(server, token).get("/v1/workloads").await
 }
 
 #[tokio::test]
 async fn token_attacks_are_refused() {
     let server = TestServer::start().await;
-    let http = server.http();
+    let anyone = Caller::anonymous(&server);
     // Control: a proper token works.
     assert_eq!(
         list_with(&server, &server.user_token("alice"))
@@ -64,14 +56,12 @@ async fn token_attacks_are_refused() {
         200
     );
 
-    let resp = http.get(server.url("/v1/workloads")).send().await.unwrap();
+    let resp = anyone.get("/v1/workloads").await;
     assert_error(resp, 401, "token_required", "Bearer").await;
-    let resp = http
-        .get(server.url("/v1/workloads"))
-        .header("authorization", "Basic YWxpY2U6cHc=")
-        .send()
-        .await
-        .unwrap();
+    let resp = anyone
+        .with_header("authorization", "Basic YWxpY2U6cHc=")
+        .get("/v1/workloads")
+        .await;
     assert_error(resp, 401, "token_invalid", "Bearer").await;
 
     // Wrong signature: a valid token with its signature altered.
@@ -171,14 +161,8 @@ async fn token_attacks_are_refused() {
     .await;
 
     // Missing scope: read-only token cannot create, write-only cannot read.
-    let read_only = server.token("alice", "workloads:read");
-    let resp = http
-        .post(server.url("/v1/workloads"))
-        .bearer_auth(&read_only)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
+    let read_only = Caller::with_token(&server, server.token("alice", "workloads:read"));
+    let resp = read_only.post("/v1/workloads", &json!({})).await;
     assert_error(resp, 403, "scope_missing", "workloads:write").await;
     let write_only = server.token("alice", "workloads:write");
     assert_error(
@@ -188,15 +172,10 @@ async fn token_attacks_are_refused() {
         "workloads:read",
     )
     .await;
-    let pools_only = server.token("alice", "pools:read pools:write");
-    let resp = http
-        .put(server.url("/v1/workloads/x/bundle"))
-        .bearer_auth(&pools_only)
-        .header("content-type", "application/gzip")
-        .body(vec![1, 2, 3])
-        .send()
-        .await
-        .unwrap();
+    let pools_only = Caller::with_token(&server, server.token("alice", "pools:read pools:write"));
+    let resp = pools_only
+        .put("/v1/workloads/x/bundle", "application/gzip", vec![1, 2, 3])
+        .await;
     assert_error(resp, 403, "scope_missing", "workloads:write").await;
 
     // None of the refused requests created anything.
@@ -207,16 +186,12 @@ async fn token_attacks_are_refused() {
 #[tokio::test]
 async fn a_trusted_service_acts_for_a_user() {
     let server = TestServer::start().await;
-    let http = server.http();
     let service = server.token("moca", "delegate workloads:read workloads:write");
-    let resp = http
-        .post(server.url("/v1/workloads"))
-        .bearer_auth(&service)
-        .header("x-context-subject", "user:alice")
-        .json(&json!({"name": "for-alice"}))
-        .send()
-        .await
-        .unwrap();
+    let for_alice =
+        Caller::with_token(&server, &service).with_header("x-context-subject", "user:alice");
+    let resp = for_alice
+        .post("/v1/workloads", &json!({"name": "for-alice"}))
+        .await;
     assert_eq!(resp.status(), 201);
     // Recorded under alice, not the service.
     let names: Vec<String> = server
@@ -232,39 +207,27 @@ async fn a_trusted_service_acts_for_a_user() {
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["workloads"], json!([]));
     // Acting for bob, the service cannot see alice's workload.
-    let resp = http
-        .get(server.url("/v1/workloads/for-alice"))
-        .bearer_auth(&service)
-        .header("x-context-subject", "user:bob")
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::with_token(&server, &service)
+        .with_header("x-context-subject", "user:bob")
+        .get("/v1/workloads/for-alice")
+        .await;
     assert_error(resp, 404, "workload_not_found", "for-alice").await;
     // A user token may not delegate.
-    let resp = http
-        .get(server.url("/v1/workloads/for-alice"))
-        .bearer_auth(server.user_token("bob"))
-        .header("x-context-subject", "user:alice")
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::user(&server, "bob")
+        .with_header("x-context-subject", "user:alice")
+        .get("/v1/workloads/for-alice")
+        .await;
     assert_error(resp, 403, "scope_missing", "delegate").await;
-    let resp = http
-        .get(server.url("/v1/workloads"))
-        .bearer_auth(&service)
-        .header("x-context-subject", "alice")
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::with_token(&server, &service)
+        .with_header("x-context-subject", "alice")
+        .get("/v1/workloads")
+        .await;
     assert_error(resp, 400, "invalid_request", "user:<id>").await;
     // Delegation keeps the token's scopes: no write without workloads:write.
     let read_only = server.token("moca", "delegate workloads:read");
-    let resp = http
-        .delete(server.url("/v1/workloads/for-alice"))
-        .bearer_auth(&read_only)
-        .header("x-context-subject", "user:alice")
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::with_token(&server, read_only)
+        .with_header("x-context-subject", "user:alice")
+        .delete("/v1/workloads/for-alice")
+        .await;
     assert_error(resp, 403, "scope_missing", "workloads:write").await;
 }

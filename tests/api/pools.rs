@@ -1,79 +1,17 @@
 //! The sandbox-pool API over real HTTP on the `local` backend.
 
-mod common;
-
-use common::{assert_error, TestServer};
+use crate::common::{assert_error, json_of, Caller, TestServer};
+use reqwest::Method;
 use serde_json::{json, Value};
 
 async fn server() -> TestServer {
     TestServer::start_with(|c| c.local_warm_pools = vec!["research-agents".into()]).await
 }
 
-struct Caller<'a> {
-    server: &'a TestServer,
-    token: String,
-}
-
-impl<'a> Caller<'a> {
-    fn new(server: &'a TestServer, sub: &str) -> Self {
-        Self {
-            server,
-            token: server.user_token(sub),
-        }
-    }
-
-    async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
-        self.server
-            .http()
-            .post(self.server.url(path))
-            .bearer_auth(&self.token)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap()
-    }
-
-    async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
-        self.post_raw(path, body.to_string()).await
-    }
-
-    async fn get(&self, path: &str) -> reqwest::Response {
-        self.server
-            .http()
-            .get(self.server.url(path))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap()
-    }
-
-    async fn delete(&self, path: &str) -> reqwest::Response {
-        self.server
-            .http()
-            .delete(self.server.url(path))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap()
-    }
-}
-
-async fn json_of(resp: reqwest::Response, status: u16) -> Value {
-    let got = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    assert_eq!(got, status, "body: {text}");
-    assert!(
-        text.ends_with('\n'),
-        "JSON answers end with a newline: {text:?}"
-    );
-    serde_json::from_str(&text).unwrap()
-}
-
 #[tokio::test]
 async fn every_validation_rule_in_order_with_upstream_messages() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
+    let alice = Caller::user(&server, "alice");
     let long = "a".repeat(51);
     let ok_ws = json!({"size": "1Gi", "accessMode": "ReadWriteOnce"});
     let cases: Vec<(Value, &str)> = vec![
@@ -200,7 +138,7 @@ async fn every_validation_rule_in_order_with_upstream_messages() {
 #[tokio::test]
 async fn request_bodies_decode_like_upstream() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
+    let alice = Caller::user(&server, "alice");
     let cases: Vec<(String, &str)> = vec![
         (String::new(), "EOF"),
         ("   \n".into(), "EOF"),
@@ -218,7 +156,9 @@ async fn request_bodies_decode_like_upstream() {
         (format!("{{\"name\":\"{}", "a".repeat(2 << 20)), "http: request body too large"),
     ];
     for (body, message) in cases {
-        let resp = alice.post_raw("/v1/sandbox-pools", body).await;
+        let resp = alice
+            .post_raw("/v1/sandbox-pools", "application/json", body)
+            .await;
         assert_error(resp, 400, "invalid_request", message).await;
     }
     // Case-insensitive keys, trailing garbage ignored, null = absent, and a
@@ -227,7 +167,13 @@ async fn request_bodies_decode_like_upstream() {
         r#"{{"NAME":"ci","Replicas":1,"warmPoolRef":null,"WORKSPACE":{{"Size":"1Gi","accessmode":"ReadWriteOnce"}}}} garbage{}"#,
         " ".repeat(2 << 20)
     );
-    let pool = json_of(alice.post_raw("/v1/sandbox-pools", body).await, 201).await;
+    let pool = json_of(
+        alice
+            .post_raw("/v1/sandbox-pools", "application/json", body)
+            .await,
+        201,
+    )
+    .await;
     assert_eq!(pool["name"], "ci");
     assert_eq!(pool["workspace"]["accessMode"], "ReadWriteOnce");
 }
@@ -235,7 +181,7 @@ async fn request_bodies_decode_like_upstream() {
 #[tokio::test]
 async fn dedicated_pool_end_to_end() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
+    let alice = Caller::user(&server, "alice");
     let body = json!({"name": "code-review", "replicas": 3, "workspace": {"size": "5Gi", "accessMode": "ReadWriteOnce", "storageClass": "fast"}});
     let resp = alice.post("/v1/sandbox-pools", &body).await;
     assert_eq!(resp.status().as_u16(), 201);
@@ -298,7 +244,7 @@ async fn dedicated_pool_end_to_end() {
 #[tokio::test]
 async fn shared_pool_end_to_end_allows_one_replica() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
+    let alice = Caller::user(&server, "alice");
     let body = json!({"name": "shared-review", "replicas": 3, "workspace": {"size": "5Gi", "accessMode": "ReadWriteMany"}});
     let pool = json_of(alice.post("/v1/sandbox-pools", &body).await, 201).await;
     assert_eq!(
@@ -341,7 +287,7 @@ async fn shared_pool_end_to_end_allows_one_replica() {
 #[tokio::test]
 async fn existing_claim_pool_end_to_end_keeps_the_volume() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
+    let alice = Caller::user(&server, "alice");
     let ctx = json!({"name": "prepared", "namespace": "default", "type": "workspace", "storage": {"backend": "pvc", "size": "2Gi", "accessMode": "ReadWriteMany", "storageClass": "scale"}});
     json_of(alice.post("/v1/contexts", &ctx).await, 201).await;
     let missing = json!({"name": "readers", "replicas": 3, "workspace": {"claimName": "nope", "readOnly": true}});
@@ -394,7 +340,7 @@ async fn existing_claim_pool_end_to_end_keeps_the_volume() {
 #[tokio::test]
 async fn warm_pool_end_to_end() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
+    let alice = Caller::user(&server, "alice");
     let unknown =
         json!({"name": "fast-review", "replicas": 3, "warmPoolRef": "nope", "workspace": {}});
     assert_error(
@@ -444,7 +390,7 @@ async fn warm_pool_end_to_end() {
 #[tokio::test]
 async fn conflicts_across_strategies_answer_409() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
+    let alice = Caller::user(&server, "alice");
     let warm = json!({"name": "dup", "replicas": 1, "warmPoolRef": "research-agents"});
     json_of(alice.post("/v1/sandbox-pools", &warm).await, 201).await;
     for body in [
@@ -461,7 +407,7 @@ async fn conflicts_across_strategies_answer_409() {
         .await;
     }
     // Another owner gets the same 409: names are global in the namespace.
-    let bob = Caller::new(&server, "bob");
+    let bob = Caller::user(&server, "bob");
     assert_error(
         bob.post("/v1/sandbox-pools", &warm).await,
         409,
@@ -480,8 +426,8 @@ async fn conflicts_across_strategies_answer_409() {
 #[tokio::test]
 async fn another_owners_pools_are_invisible() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
-    let bob = Caller::new(&server, "bob");
+    let alice = Caller::user(&server, "alice");
+    let bob = Caller::user(&server, "bob");
     let body = json!({"name": "private", "replicas": 1, "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
     json_of(alice.post("/v1/sandbox-pools", &body).await, 201).await;
     assert_error(
@@ -540,64 +486,28 @@ async fn another_owners_pools_are_invisible() {
 async fn scopes_and_tokens_are_enforced() {
     let server = server().await;
     let body = json!({"name": "p", "replicas": 1, "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
-    let resp = server
-        .http()
-        .post(server.url("/v1/sandbox-pools"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::anonymous(&server)
+        .post("/v1/sandbox-pools", &body)
+        .await;
     assert_error(resp, 401, "token_required", "").await;
-    let read_only = server.token("carol", "pools:read");
-    let resp = server
-        .http()
-        .post(server.url("/v1/sandbox-pools"))
-        .bearer_auth(&read_only)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let read_only = Caller::with_token(&server, server.token("carol", "pools:read"));
+    let resp = read_only.post("/v1/sandbox-pools", &body).await;
     assert_error(resp, 403, "scope_missing", "pools:write").await;
-    let resp = server
-        .http()
-        .delete(server.url("/v1/sandbox-pools/p"))
-        .bearer_auth(&read_only)
-        .send()
-        .await
-        .unwrap();
+    let resp = read_only.delete("/v1/sandbox-pools/p").await;
     assert_error(resp, 403, "scope_missing", "pools:write").await;
-    let write_only = server.token("carol", "pools:write");
-    let resp = server
-        .http()
-        .get(server.url("/v1/sandbox-pools"))
-        .bearer_auth(&write_only)
-        .send()
-        .await
-        .unwrap();
+    let write_only = Caller::with_token(&server, server.token("carol", "pools:write"));
+    let resp = write_only.get("/v1/sandbox-pools").await;
     assert_error(resp, 403, "scope_missing", "pools:read").await;
-    let resp = server
-        .http()
-        .get(server.url("/v1/sandbox-pools/p"))
-        .bearer_auth(&write_only)
-        .send()
-        .await
-        .unwrap();
+    let resp = write_only.get("/v1/sandbox-pools/p").await;
     assert_error(resp, 403, "scope_missing", "pools:read").await;
-    let resp = server
-        .http()
-        .post(server.url("/v1/sandbox-pools"))
-        .bearer_auth(&write_only)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = write_only.post("/v1/sandbox-pools", &body).await;
     assert_eq!(resp.status().as_u16(), 201);
 }
 
 #[tokio::test]
 async fn wait_long_polls_and_reports_failure() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
+    let alice = Caller::user(&server, "alice");
     let body = json!({"name": "w", "replicas": 2, "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
     json_of(alice.post("/v1/sandbox-pools", &body).await, 201).await;
     let pool = json_of(
@@ -664,37 +574,22 @@ async fn pools_survive_a_restart() {
     let server = server().await;
     let token = server.user_token("alice");
     let body = json!({"name": "durable", "replicas": 2, "workspace": {"size": "1Gi", "accessMode": "ReadWriteMany"}});
-    let resp = server
-        .http()
-        .post(server.url("/v1/sandbox-pools"))
-        .bearer_auth(&token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::with_token(&server, &token)
+        .post("/v1/sandbox-pools", &body)
+        .await;
     let before = json_of(resp, 201).await;
     let server = server.restart().await;
-    let resp = server
-        .http()
-        .get(server.url("/v1/sandbox-pools/durable"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
+    let resp = Caller::with_token(&server, &token)
+        .get("/v1/sandbox-pools/durable")
+        .await;
     assert_eq!(json_of(resp, 200).await, before);
 }
 
 #[tokio::test]
 async fn unknown_paths_and_methods() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
-    let resp = server
-        .http()
-        .put(server.url("/v1/sandbox-pools/x"))
-        .bearer_auth(&alice.token)
-        .send()
-        .await
-        .unwrap();
+    let alice = Caller::user(&server, "alice");
+    let resp = alice.send(Method::PUT, "/v1/sandbox-pools/x").await;
     assert_eq!(resp.status().as_u16(), 405);
     let allow = resp.headers()["allow"].to_str().unwrap().to_owned();
     for m in ["GET", "DELETE"] {
@@ -720,12 +615,10 @@ async fn unknown_paths_and_methods() {
 #[tokio::test]
 async fn concurrent_creates_of_one_name_give_one_pool() {
     let server = server().await;
-    let token = server.user_token("alice");
+    let alice = Caller::user(&server, "alice");
     let mut tasks = Vec::new();
     for i in 0..8 {
-        let http = server.http();
-        let url = server.url("/v1/sandbox-pools");
-        let token = token.clone();
+        let alice = alice.clone();
         // Mixed strategies, all under one name.
         let body = if i % 2 == 0 {
             json!({"name": "race", "replicas": 3, "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}})
@@ -733,13 +626,7 @@ async fn concurrent_creates_of_one_name_give_one_pool() {
             json!({"name": "race", "replicas": 3, "warmPoolRef": "research-agents"})
         };
         tasks.push(tokio::spawn(async move {
-            let resp = http
-                .post(url)
-                .bearer_auth(token)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let resp = alice.post("/v1/sandbox-pools", &body).await;
             (resp.status().as_u16(), resp.text().await.unwrap())
         }));
     }
@@ -753,14 +640,7 @@ async fn concurrent_creates_of_one_name_give_one_pool() {
         }
     }
     assert_eq!(created, 1);
-    let resp = server
-        .http()
-        .get(server.url("/v1/sandbox-pools"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
-    let list = json_of(resp, 200).await;
+    let list = json_of(alice.get("/v1/sandbox-pools").await, 200).await;
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
     assert_eq!(list["items"][0]["readyReplicas"], 3);
 }
@@ -768,7 +648,7 @@ async fn concurrent_creates_of_one_name_give_one_pool() {
 #[tokio::test]
 async fn malformed_paths_and_queries_answer_json() {
     let server = server().await;
-    let alice = Caller::new(&server, "alice");
+    let alice = Caller::user(&server, "alice");
     let resp = alice.get("/v1/sandbox-pools/%FF").await;
     assert_error(resp, 400, "invalid_request", "").await;
     let resp = alice.get("/v1/sandbox-pools/x?wait=ready&wait=ready").await;
