@@ -7,13 +7,13 @@ use anyhow::Context as _;
 use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
+use crate::auth::{Authenticator, KeySet, OwnerScope, TokenPolicy};
+use crate::bundle::Limits;
 use crate::config::{BackendKind, ServeConfig};
 use crate::fsutil;
 use crate::metrics::Metrics;
 use crate::pool::PoolService;
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
-use crate::auth::{Authenticator, KeySet, OwnerScope, TokenPolicy};
-use crate::bundle::Limits;
 use crate::workload::{WorkloadService, WorkloadSettings};
 
 /// Everything handlers need. Cheap to clone.

@@ -22,9 +22,9 @@ use super::{Caller, TestServer};
 
 // The crate's own types the e2e targets name, imported in this one place so
 // that a module rename touches one line.
+pub use context_service::pool::view::Pool;
 #[allow(unused_imports)]
 pub use context_service::sandbox::kube::crd::{Sandbox, SandboxClaim};
-pub use context_service::pool::view::Pool;
 
 /// Generous: two cores are shared by the whole control plane and cargo.
 pub const TIMEOUT: Duration = Duration::from_secs(90);
