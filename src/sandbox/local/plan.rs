@@ -4,8 +4,6 @@
 use crate::pool::model::{PoolSpec, Strategy};
 use crate::pool::names;
 
-use super::reservation::{claim_key, sandbox_key, volume_key};
-
 /// The objects a spec creates, in creation order.
 #[derive(Debug, Default)]
 pub(super) struct Plan {
@@ -44,18 +42,6 @@ impl Plan {
                 ..Plan::default()
             },
         }
-    }
-
-    /// Reservation keys of every object the plan creates.
-    pub(super) fn keys(&self, ns: &str) -> Vec<String> {
-        let volumes = self.volumes.iter().map(|v| volume_key(ns, v));
-        let sandboxes = self
-            .sandboxes
-            .iter()
-            .chain(&self.warm_sandboxes)
-            .map(|s| sandbox_key(s));
-        let claims = self.claims.iter().map(|c| claim_key(c));
-        volumes.chain(sandboxes).chain(claims).collect()
     }
 
     /// The volume sandbox `index` mounts.

@@ -42,18 +42,30 @@ impl Drop for Reserved<'_> {
 }
 
 /// Reservation key of volume `name` in namespace `ns`.
-pub(super) fn volume_key(ns: &str, name: &str) -> String {
+fn volume_key(ns: &str, name: &str) -> String {
     format!("volume/{ns}/{name}")
 }
 
 /// Reservation key of sandbox `name` (service namespace).
-pub(super) fn sandbox_key(name: &str) -> String {
+fn sandbox_key(name: &str) -> String {
     format!("sandbox/{name}")
 }
 
 /// Reservation key of sandbox claim `name` (service namespace).
-pub(super) fn claim_key(name: &str) -> String {
+fn claim_key(name: &str) -> String {
     format!("claim/{name}")
+}
+
+/// Reservation keys of every object `plan` creates (pools live in `ns`).
+fn plan_keys(plan: &Plan, ns: &str) -> Vec<String> {
+    let volumes = plan.volumes.iter().map(|v| volume_key(ns, v));
+    let sandboxes = plan
+        .sandboxes
+        .iter()
+        .chain(&plan.warm_sandboxes)
+        .map(|s| sandbox_key(s));
+    let claims = plan.claims.iter().map(|c| claim_key(c));
+    volumes.chain(sandboxes).chain(claims).collect()
 }
 
 impl Inner {
@@ -106,7 +118,7 @@ impl Inner {
                 plan.warm_sandboxes.push(name);
             }
         }
-        let keys = plan.keys(&self.namespace);
+        let keys = plan_keys(&plan, &self.namespace);
         reservations.pools.insert(spec.name.clone());
         reservations.objects.extend(keys.iter().cloned());
         Ok((
@@ -181,8 +193,7 @@ impl Inner {
         if self.record_path(&spec.name).exists() {
             return true;
         }
-        if plan
-            .keys(&self.namespace)
+        if plan_keys(plan, &self.namespace)
             .iter()
             .any(|k| reservations.objects.contains(k))
         {
