@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -28,12 +29,21 @@ pub struct HttpLabels {
     pub status: u16,
 }
 
+/// Labels of refused connections.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// `max_connections` or `max_connections_per_ip`.
+    pub limit: &'static str,
+}
+
 /// The process's metrics.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
     requests: Family<HttpLabels, Counter>,
     latency: Family<HttpLabels, Histogram>,
+    connections_open: Gauge,
+    connections_refused: Family<RefusalLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -67,10 +77,24 @@ impl Metrics {
             "HTTP request latency until the response head, by method, route and status",
             latency.clone(),
         );
+        let connections_open = Gauge::default();
+        registry.register(
+            "http_connections_open",
+            "Client connections being served",
+            connections_open.clone(),
+        );
+        let connections_refused = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "http_connections_refused",
+            "Client connections refused by a connection cap, by cap",
+            connections_refused.clone(),
+        );
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
             latency,
+            connections_open,
+            connections_refused,
         }
     }
 
@@ -88,6 +112,18 @@ impl Metrics {
         let mut out = String::new();
         self.with_registry(|r| prometheus_client::encoding::text::encode(&mut out, r))?;
         Ok(out)
+    }
+
+    /// The gauge of open client connections.
+    pub fn connections_open(&self) -> &Gauge {
+        &self.connections_open
+    }
+
+    /// Counts a connection refused by the cap `limit`.
+    pub fn connection_refused(&self, limit: &'static str) {
+        self.connections_refused
+            .get_or_create(&RefusalLabels { limit })
+            .inc();
     }
 
     fn observe(&self, labels: HttpLabels, started: Instant) {

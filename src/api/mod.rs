@@ -5,6 +5,7 @@ mod body;
 mod contexts;
 mod health;
 pub mod json;
+mod limits;
 mod pools;
 mod workloads;
 
@@ -15,15 +16,22 @@ use tower_http::trace::TraceLayer;
 use crate::app::AppState;
 use crate::metrics;
 
-/// The whole API.
-pub fn router(state: AppState) -> Router {
+pub use limits::RequestLimits;
+
+/// The whole API, with `limits` applied to every route.
+pub fn router(state: AppState, limits: RequestLimits) -> Router {
     Router::new()
         .merge(health::router())
         .merge(pools::router())
         .merge(contexts::router())
         .merge(workloads::router())
         .route("/metrics", get(metrics::render))
-        // Last, so it wraps every route above.
+        .route_layer(middleware::from_fn_with_state(limits, limits::deadline))
+        .route_layer(middleware::from_fn_with_state(
+            limits,
+            limits::body_idle_timeout,
+        ))
+        // Last, so it wraps every route above and counts their timeouts.
         .route_layer(middleware::from_fn_with_state(
             state.metrics.clone(),
             metrics::track,

@@ -1,0 +1,472 @@
+//! Hostile clients over real HTTP (and raw TCP where a well-behaved client
+//! cannot misbehave): stalled and half-sent requests, connection floods,
+//! metric label floods, private files and error bodies. Each attack also
+//! checks that another user is still served promptly.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use common::workload_bundles::{tgz, MEDIA};
+use common::TestServer;
+use context_service::config::ServeConfig;
+use futures::StreamExt as _;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// How fast another user must be answered while an attack runs.
+const PROMPT: Duration = Duration::from_secs(1);
+
+/// The address of another client than the attacker (Linux routes all of
+/// 127.0.0.0/8 to loopback).
+const OTHER_CLIENT: &str = "127.0.0.2";
+
+fn addr(server: &TestServer) -> SocketAddr {
+    server
+        .base
+        .trim_start_matches("http://")
+        .parse()
+        .expect("server address")
+}
+
+/// A raw TCP connection to the server from `from` (the attacker uses
+/// 127.0.0.1).
+async fn connect_from(server: &TestServer, from: &str) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::new(from.parse().unwrap(), 0))
+        .unwrap();
+    socket.connect(addr(server)).await.unwrap()
+}
+
+async fn connect(server: &TestServer) -> TcpStream {
+    connect_from(server, "127.0.0.1").await
+}
+
+/// An HTTP client whose connections come from [`OTHER_CLIENT`].
+fn other_client() -> reqwest::Client {
+    context_service::client::install_crypto_provider();
+    reqwest::Client::builder()
+        .local_address(OTHER_CLIENT.parse::<IpAddr>().unwrap())
+        .build()
+        .unwrap()
+}
+
+/// Asserts that another user gets `/healthz` and their workload list
+/// within [`PROMPT`].
+async fn assert_others_served(server: &TestServer, token: &str) {
+    let http = other_client();
+    let started = Instant::now();
+    let health = tokio::time::timeout(PROMPT, http.get(server.url("/healthz")).send())
+        .await
+        .expect("/healthz answers promptly during the attack")
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let list = tokio::time::timeout(
+        PROMPT,
+        http.get(server.url("/v1/workloads"))
+            .bearer_auth(token)
+            .send(),
+    )
+    .await
+    .expect("the workloads API answers promptly during the attack")
+    .unwrap();
+    assert_eq!(list.status(), 200, "{}", list.text().await.unwrap());
+    assert!(started.elapsed() < 2 * PROMPT);
+}
+
+/// Reads until the server closes the connection or `limit` passes; returns
+/// what arrived and when the connection closed (`None`: still open).
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Option<Duration>) {
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let left = limit.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Err(_) => return (got, None),
+            Ok(Ok(0)) | Ok(Err(_)) => return (got, Some(started.elapsed())),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A raw HTTP/1.1 response: status, lower-cased head, body.
+struct RawResponse {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn parse(bytes: &[u8]) -> Self {
+        let text = String::from_utf8_lossy(bytes);
+        let (head, _) = text
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no complete response head in {text:?}"));
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {head:?}"));
+        let body = bytes[head.len() + 4..].to_vec();
+        Self {
+            status,
+            head: head.to_ascii_lowercase(),
+            body,
+        }
+    }
+
+    /// Asserts the status and the JSON error body.
+    fn assert_error(&self, status: u16, code: &str, message_part: &str) {
+        let text = String::from_utf8_lossy(&self.body);
+        assert_eq!(self.status, status, "{}\n\n{text}", self.head);
+        assert!(
+            self.head.contains("content-type: application/json"),
+            "{}",
+            self.head
+        );
+        let body: Value = serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("error body is not JSON ({e}): {text}"));
+        assert_eq!(body["error"], code, "{text}");
+        let message = body["message"].as_str().expect("message");
+        assert!(
+            message.contains(message_part),
+            "message {message:?} should contain {message_part:?}"
+        );
+    }
+}
+
+/// Creates the workload `name` for `token`'s owner.
+async fn create_workload(server: &TestServer, token: &str, name: &str) {
+    let resp = server
+        .http()
+        .post(server.url("/v1/workloads"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({ "name": name }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
+}
+
+fn files_in(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.count())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn half_sent_and_idle_connections_are_closed_after_the_header_timeout() {
+    let server = TestServer::start_with(|c| {
+        c.header_read_timeout = Duration::from_secs(1);
+        c.max_connections_per_ip = 0;
+    })
+    .await;
+    let bob = server.user_token("bob");
+
+    // 100 half request lines and 100 silent sockets.
+    let mut attackers = Vec::new();
+    for i in 0..200 {
+        let mut stream = connect(&server).await;
+        if i % 2 == 0 {
+            stream.write_all(b"GET /heal").await.unwrap();
+        }
+        attackers.push(stream);
+    }
+    // A keep-alive connection that went idle after one request.
+    let mut idle = connect(&server).await;
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 12];
+    idle.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let started = Instant::now();
+
+    assert_others_served(&server, &bob).await;
+
+    let (_, closed) = read_until_closed(&mut idle, Duration::from_secs(5)).await;
+    let closed = closed.expect("an idle keep-alive connection is closed");
+    assert!(closed <= Duration::from_secs(3), "{closed:?}");
+    for mut stream in attackers {
+        let (got, closed) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+        assert!(closed.is_some(), "a stalled connection is closed");
+        assert!(got.is_empty(), "closed without an answer: {got:?}");
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(800) && elapsed <= Duration::from_secs(4),
+        "closed after {elapsed:?}, not after the 1s header timeout"
+    );
+    assert_others_served(&server, &bob).await;
+}
+
+#[tokio::test]
+async fn stalled_chunked_upload_answers_408() {
+    let server = TestServer::start_with(|c| c.body_idle_timeout = Duration::from_secs(1)).await;
+    let alice = server.user_token("alice");
+    let bob = server.user_token("bob");
+    create_workload(&server, &alice, "w").await;
+
+    let mut stream = connect(&server).await;
+    let head = format!(
+        "PUT /v1/workloads/w/bundle HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {alice}\r\n\
+         content-type: {MEDIA}\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let bundle = tgz(&[("a", b"a")]);
+    let chunk = &bundle[..bundle.len() / 2];
+    stream
+        .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+        .await
+        .unwrap();
+    stream.write_all(chunk).await.unwrap();
+    stream.write_all(b"\r\n").await.unwrap();
+    // ...and nothing more.
+    assert_others_served(&server, &bob).await;
+    let (got, closed) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    assert!(closed.is_some(), "the connection is closed after the 408");
+    let resp = RawResponse::parse(&got);
+    resp.assert_error(408, "request_timeout", "1s");
+    assert!(resp.head.contains("connection: close"), "{}", resp.head);
+
+    // Nothing of the stalled upload stays, and the workload still takes one.
+    assert_eq!(files_in(&server.data_dir.join("tmp")), 0);
+    let resp = server
+        .http()
+        .put(server.url("/v1/workloads/w/bundle"))
+        .bearer_auth(&alice)
+        .header("content-type", MEDIA)
+        .body(bundle)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
+}
+
+#[tokio::test]
+async fn body_shorter_than_its_content_length_answers_408() {
+    let server = TestServer::start_with(|c| c.body_idle_timeout = Duration::from_secs(1)).await;
+    let alice = server.user_token("alice");
+    let bob = server.user_token("bob");
+    create_workload(&server, &alice, "w").await;
+
+    let requests = [
+        format!(
+            "POST /v1/workloads HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {alice}\r\n\
+             content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"name\":"
+        ),
+        format!(
+            "PUT /v1/workloads/w/bundle HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {alice}\r\n\
+             content-type: {MEDIA}\r\ncontent-length: 5000\r\n\r\n"
+        ),
+    ];
+    // The upload sends the first 20 bytes of a real bundle.
+    let partial_bundle = tgz(&[("a", b"a")])[..20].to_vec();
+    for (request, body) in requests.into_iter().zip([Vec::new(), partial_bundle]) {
+        let mut stream = connect(&server).await;
+        stream.write_all(request.as_bytes()).await.unwrap();
+        stream.write_all(&body).await.unwrap();
+        assert_others_served(&server, &bob).await;
+        let (got, closed) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+        assert!(closed.is_some());
+        RawResponse::parse(&got).assert_error(
+            408,
+            "request_timeout",
+            "no part of the request body",
+        );
+    }
+}
+
+#[tokio::test]
+async fn slow_json_requests_meet_the_deadline_but_uploads_stream_past_it() {
+    let server = TestServer::start_with(|c| {
+        c.body_idle_timeout = Duration::from_secs(1);
+        c.request_deadline = Duration::from_millis(1500);
+    })
+    .await;
+    let alice = server.user_token("alice");
+    let bob = server.user_token("bob");
+    create_workload(&server, &alice, "w").await;
+
+    // A JSON body trickled a byte every 300 ms: never idle for 1s, but past
+    // the 1.5s deadline.
+    let body = br#"{"name": "slow-workload-name"}"#;
+    let mut stream = connect(&server).await;
+    let head = format!(
+        "POST /v1/workloads HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {alice}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    for byte in body {
+        if stream.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        let mut buf = [0u8; 4096];
+        match tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {
+                answer.extend_from_slice(&buf[..n]);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let (rest, _) = read_until_closed(&mut stream, Duration::from_millis(500)).await;
+    answer.extend_from_slice(&rest);
+    let elapsed = started.elapsed();
+    RawResponse::parse(&answer).assert_error(503, "deadline_exceeded", "1s 500ms");
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    assert_others_served(&server, &bob).await;
+
+    // A bundle upload sent in pieces 300 ms apart (about 2.4 s) is fine.
+    let bundle = tgz(&[("README.md", b"hello, slowly\n")]);
+    let pieces: Vec<Vec<u8>> = bundle
+        .chunks(bundle.len().div_ceil(8))
+        .map(<[u8]>::to_vec)
+        .collect();
+    let stream = futures::stream::iter(pieces).then(|piece| async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok::<_, std::io::Error>(piece)
+    });
+    let resp = server
+        .http()
+        .put(server.url("/v1/workloads/w/bundle"))
+        .bearer_auth(&alice)
+        .header("content-type", MEDIA)
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
+}
+
+#[tokio::test]
+async fn connections_over_the_per_address_cap_are_refused_with_503() {
+    let server = TestServer::start_with(|c| {
+        c.max_connections_per_ip = 4;
+        c.header_read_timeout = Duration::from_secs(30);
+    })
+    .await;
+    let bob = server.user_token("bob");
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(connect(&server).await);
+    }
+    // Wait until the server has admitted all four (accept is asynchronous).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        let mut extra = connect(&server).await;
+        let (got, closed) = read_until_closed(&mut extra, Duration::from_secs(3)).await;
+        assert!(closed.is_some(), "a refused connection is closed");
+        let resp = RawResponse::parse(&got);
+        resp.assert_error(503, "too_many_connections", "limit per address");
+        assert!(resp.head.contains("retry-after: 1"), "{}", resp.head);
+    }
+    // Another address is served meanwhile.
+    assert_others_served(&server, &bob).await;
+    let metrics = other_client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "context_service_http_connections_refused_total{limit=\"max_connections_per_ip\"} 3"
+        ),
+        "{metrics}"
+    );
+
+    // Closing the held connections frees the address's slots.
+    drop(held);
+    let http = server.http();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match http.get(server.url("/healthz")).send().await {
+            Ok(resp) if resp.status() == 200 => break,
+            other => assert!(Instant::now() < deadline, "still refused: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn connections_over_the_total_cap_are_refused_with_503() {
+    let server = TestServer::start_with(|c| {
+        c.max_connections = 3;
+        c.max_connections_per_ip = 0;
+        c.header_read_timeout = Duration::from_secs(30);
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect(&server).await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = connect_from(&server, OTHER_CLIENT).await;
+    let (got, closed) = read_until_closed(&mut extra, Duration::from_secs(3)).await;
+    assert!(closed.is_some());
+    RawResponse::parse(&got).assert_error(503, "too_many_connections", "limit of 3 connections");
+
+    held.pop();
+    let http = other_client();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match http.get(server.url("/healthz")).send().await {
+            Ok(resp) if resp.status() == 200 => break,
+            other => assert!(Instant::now() < deadline, "still refused: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_connection_serves_at_most_max_requests() {
+    let server = TestServer::start_with(|c| c.max_requests_per_connection = 3).await;
+    let mut stream = connect(&server).await;
+    // Four pipelined requests: three answers, the last marked close.
+    let request = "GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n".repeat(4);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let (got, closed) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    assert!(closed.is_some(), "closed after the third answer");
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert_eq!(text.matches("http/1.1 200 ok").count(), 3, "{text}");
+    let last = text.rsplit("http/1.1 200 ok").next().unwrap();
+    assert!(last.contains("connection: close"), "{text}");
+}
+
+#[tokio::test]
+async fn zero_timeouts_and_caps_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    type Adjust = fn(&mut ServeConfig);
+    let cases: [(&str, Adjust); 4] = [
+        ("--header-read-timeout", |c| {
+            c.header_read_timeout = Duration::ZERO
+        }),
+        ("--body-idle-timeout", |c| {
+            c.body_idle_timeout = Duration::ZERO
+        }),
+        ("--request-deadline", |c| {
+            c.request_deadline = Duration::ZERO
+        }),
+        ("--max-connections", |c| c.max_connections = 0),
+    ];
+    for (flag, adjust) in cases {
+        let mut config = ServeConfig::with_defaults(dir.path().to_owned(), listen);
+        adjust(&mut config);
+        let err = context_service::server::Server::bind(&config)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{flag} 0 is accepted"));
+        assert!(err.to_string().contains(flag), "{err}");
+    }
+}
