@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use common::workload_bundles::{tgz, MEDIA};
-use common::TestServer;
+use common::{assert_error, TestServer};
 use context_service::config::ServeConfig;
 use futures::StreamExt as _;
 use serde_json::Value;
@@ -469,4 +469,46 @@ async fn zero_timeouts_and_caps_are_refused_at_start() {
             .unwrap_or_else(|| panic!("{flag} 0 is accepted"));
         assert!(err.to_string().contains(flag), "{err}");
     }
+}
+
+#[tokio::test]
+async fn undecodable_paths_unknown_routes_and_methods_answer_json() {
+    let server = TestServer::start().await;
+    let alice = server.user_token("alice");
+    let http = server.http();
+    let get = |path: &str| http.get(server.url(path)).bearer_auth(&alice).send();
+    // %FF is not UTF-8 once percent-decoded.
+    for path in [
+        "/v1/workloads/%FF",
+        "/v1/workloads/a%C3%28b/revisions/x/bundle",
+        "/v1/sandbox-pools/%FF",
+    ] {
+        assert_error(get(path).await.unwrap(), 400, "invalid_request", "UTF-8").await;
+    }
+    let resp = http
+        .put(server.url("/v1/uploads/%FE%FF"))
+        .bearer_auth("grant")
+        .header("content-type", MEDIA)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request", "UTF-8").await;
+
+    assert_error(
+        get("/v1/nothing-here").await.unwrap(),
+        404,
+        "not_found",
+        "no API route",
+    )
+    .await;
+    let resp = http
+        .patch(server.url("/v1/workloads"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    let allow = resp.headers()["allow"].to_str().unwrap().to_owned();
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+    assert_error(resp, 405, "method_not_allowed", "Allow header").await;
 }

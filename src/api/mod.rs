@@ -7,6 +7,7 @@ mod health;
 pub mod json;
 mod limits;
 mod pools;
+mod rejection;
 mod workloads;
 
 use axum::routing::get;
@@ -26,6 +27,7 @@ pub fn router(state: AppState, limits: RequestLimits) -> Router {
         .merge(contexts::router())
         .merge(workloads::router())
         .route("/metrics", get(metrics::render))
+        .method_not_allowed_fallback(rejection::method_not_allowed)
         .route_layer(middleware::from_fn_with_state(limits, limits::deadline))
         .route_layer(middleware::from_fn_with_state(
             limits,
@@ -36,6 +38,7 @@ pub fn router(state: AppState, limits: RequestLimits) -> Router {
             state.metrics.clone(),
             metrics::track,
         ))
+        .fallback(rejection::no_route)
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -3,7 +3,7 @@
 //! authorise, call the [`WorkloadService`] and map its answer.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::body::ApiJson;
+use super::rejection::ApiPath;
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ApiResult};
@@ -118,7 +119,7 @@ async fn list(State(svc): State<WorkloadService>, principal: Principal) -> ApiRe
 async fn read(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
     Ok(Json(svc.get(principal.subject(), &id).await?).into_response())
@@ -127,7 +128,7 @@ async fn read(
 async fn remove(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::WorkloadsWrite)?;
     svc.delete(principal.subject(), &id).await?;
@@ -137,7 +138,7 @@ async fn remove(
 async fn new_grant(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
     let grant = svc.grant(principal.subject(), &id).await?;
@@ -147,7 +148,7 @@ async fn new_grant(
 async fn activate(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ActivateBody>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
@@ -160,7 +161,7 @@ async fn activate(
 async fn upload_by_owner(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -171,7 +172,7 @@ async fn upload_by_owner(
 
 async fn upload_by_grant(
     State(svc): State<WorkloadService>,
-    Path(grant): Path<String>,
+    ApiPath(grant): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -251,7 +252,7 @@ async fn upload(
 async fn download(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path((id, revision)): Path<(String, String)>,
+    ApiPath((id, revision)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
