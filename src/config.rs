@@ -33,6 +33,12 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_LISTEN_ADDR", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
 
+    /// Serve `/metrics` on this address only (and not on `--listen`), so
+    /// that scrapers reach it and API clients do not. Unset: `/metrics` is
+    /// on the main address.
+    #[arg(long, env = "CS_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
     /// Directory of the embedded store (metadata, bundles, keys, local sandboxes).
     #[arg(long, env = "CS_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,

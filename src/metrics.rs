@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -18,12 +18,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// Labels of the HTTP metrics.
+/// Labels of the HTTP metrics. Every value comes from a fixed set, so no
+/// client can create new series: see [`method_label`] and [`track`].
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
-    /// HTTP method.
-    pub method: String,
-    /// The matched route template (never the raw path, to bound cardinality).
+    /// HTTP method: a standard one, or `other`.
+    pub method: &'static str,
+    /// The matched route template (never the raw path), or `unmatched`.
     pub route: String,
     /// Response status code.
     pub status: u16,
@@ -134,15 +135,34 @@ impl Metrics {
     }
 }
 
-/// Middleware recording every request's route, status and latency.
+/// The method label: the standard methods by name, any other (clients may
+/// send any token, of any length) as `other`.
+pub fn method_label(method: &Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "PATCH" => "PATCH",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// The route label of requests no route matched.
+pub const UNMATCHED: &str = "unmatched";
+
+/// Middleware recording every request's method, route, status and latency.
+/// On a route it sees the route's template; on the fallback, [`UNMATCHED`].
 pub async fn track(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().to_string();
+    let method = method_label(request.method());
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
+        .unwrap_or_else(|| UNMATCHED.to_owned());
     let response = next.run(request).await;
     metrics.observe(
         HttpLabels {
@@ -167,5 +187,23 @@ pub async fn render(State(metrics): State<Metrics>) -> Response {
         )
             .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_standard_methods_are_labelled_by_name() {
+        for m in ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
+            assert_eq!(method_label(&Method::from_bytes(m.as_bytes()).unwrap()), m);
+        }
+        for m in ["TRACE", "CONNECT", "get", "XQ0001", &"A".repeat(16 * 1024)] {
+            assert_eq!(
+                method_label(&Method::from_bytes(m.as_bytes()).unwrap()),
+                "other"
+            );
+        }
     }
 }

@@ -18,6 +18,7 @@ pub use conn::ConnectionLimits;
 /// A bound, ready-to-run server.
 pub struct Server {
     listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
     state: AppState,
     connection_limits: ConnectionLimits,
     request_limits: RequestLimits,
@@ -32,10 +33,19 @@ impl Server {
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
+        let metrics_listener = match config.metrics_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the metrics address {addr}"))?,
+            ),
+            None => None,
+        };
         let mut connection_limits = config.connection_limits();
         connection_limits.max_connections = fit_to_fd_limit(config.max_connections);
         Ok(Self {
             listener,
+            metrics_listener,
             state,
             connection_limits,
             request_limits: config.request_limits(),
@@ -45,6 +55,15 @@ impl Server {
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
         Ok(self.listener.local_addr()?)
+    }
+
+    /// The address `/metrics` is served on when it has its own
+    /// (`--metrics-addr`).
+    pub fn metrics_addr(&self) -> anyhow::Result<Option<SocketAddr>> {
+        Ok(match &self.metrics_listener {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        })
     }
 
     /// The application state, e.g. for tests.
@@ -58,15 +77,37 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let metrics = self.state.metrics.clone();
-        let app = api::router(self.state, self.request_limits);
+        let separate_metrics = self.metrics_listener.is_some();
+        let app = api::router(self.state, self.request_limits, !separate_metrics);
+        // Both listeners stop on the one shutdown signal.
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        });
+        let on_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        let metrics_server = self.metrics_listener.map(|listener| {
+            tokio::spawn(conn::serve(
+                listener,
+                api::metrics_router(metrics.clone()),
+                self.connection_limits,
+                metrics.clone(),
+                on_stop(stopped.clone()),
+            ))
+        });
         conn::serve(
             self.listener,
             app,
             self.connection_limits,
             metrics,
-            shutdown,
+            on_stop(stopped),
         )
         .await;
+        if let Some(task) = metrics_server {
+            task.await.context("serving metrics")?;
+        }
         Ok(())
     }
 }

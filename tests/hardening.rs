@@ -512,3 +512,165 @@ async fn undecodable_paths_unknown_routes_and_methods_answer_json() {
     assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
     assert_error(resp, 405, "method_not_allowed", "Allow header").await;
 }
+
+/// A random method token (`A-Z0-9`, 1 to 12 characters) that is not a
+/// standard method.
+fn random_method(rng: &mut impl rand::Rng) -> String {
+    const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    loop {
+        let len = rng.random_range(1..=12);
+        let m: String = (0..len)
+            .map(|_| CHARS[rng.random_range(0..CHARS.len())] as char)
+            .collect();
+        if !["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"].contains(&m.as_str()) {
+            return m;
+        }
+    }
+}
+
+/// Sends 200 requests with invented methods and paths; returns the tokens
+/// used, to look for in `/metrics`.
+async fn label_flood(server: &TestServer, token: &str) -> Vec<String> {
+    let http = server.http();
+    let mut used = Vec::new();
+    let mut rng = rand::rng();
+    for i in 0..200 {
+        let invented_method = random_method(&mut rng);
+        let invented_path = format!("/zz{}/{}", rand::Rng::random::<u64>(&mut rng), i);
+        let (method, path) = match i % 4 {
+            // An invented method on a real route, on an invented path, and a
+            // standard method on an invented path.
+            0 => (invented_method.clone(), "/v1/workloads".to_owned()),
+            1 => (invented_method.clone(), invented_path.clone()),
+            2 => ("GET".to_owned(), invented_path.clone()),
+            _ => ("DELETE".to_owned(), format!("/v1/workloads{invented_path}")),
+        };
+        let resp = http
+            .request(
+                reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+                server.url(&path),
+            )
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_client_error(), "{method} {path}");
+        used.push(invented_method);
+        used.push(invented_path);
+    }
+    // One 16 KiB method name.
+    let long = "X".repeat(16 * 1024);
+    let resp = http
+        .request(
+            reqwest::Method::from_bytes(long.as_bytes()).unwrap(),
+            server.url("/healthz"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 405);
+    used.push(long);
+    used
+}
+
+async fn metrics_text(http: &reqwest::Client, url: &str) -> String {
+    let resp = http.get(url).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn invented_methods_and_paths_add_no_metric_series() {
+    let server = TestServer::start().await;
+    let alice = server.user_token("alice");
+    let http = server.http();
+    // Once before, so that /metrics' own series exists in both readings.
+    metrics_text(&http, &server.url("/metrics")).await;
+    let used = label_flood(&server, &alice).await;
+    let first = metrics_text(&http, &server.url("/metrics")).await;
+    for token in &used {
+        // Paths are long and unique; methods may be short (e.g. "A"), so
+        // look for them as label values.
+        let leaked = if token.starts_with('/') {
+            first.contains(token.as_str())
+        } else {
+            first.contains(&format!("method=\"{token}\""))
+        };
+        assert!(!leaked, "{token:?} became a label:\n{first}");
+    }
+    for series in [
+        "method=\"other\",route=\"/v1/workloads\",status=\"405\"",
+        "method=\"other\",route=\"unmatched\",status=\"404\"",
+        "method=\"GET\",route=\"unmatched\",status=\"404\"",
+        "method=\"other\",route=\"/healthz\",status=\"405\"",
+    ] {
+        assert!(first.contains(series), "{series} missing:\n{first}");
+    }
+
+    // A second flood of new names adds no lines.
+    label_flood(&server, &alice).await;
+    let second = metrics_text(&http, &server.url("/metrics")).await;
+    assert_eq!(
+        first.lines().count(),
+        second.lines().count(),
+        "{first}\n----\n{second}"
+    );
+    assert!(second.len() < 64 * 1024, "{} bytes", second.len());
+}
+
+#[tokio::test]
+async fn metrics_can_have_their_own_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        ServeConfig::with_defaults(dir.path().to_owned(), "127.0.0.1:0".parse().unwrap());
+    config.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
+    let server = context_service::server::Server::bind(&config)
+        .await
+        .unwrap();
+    let api = format!("http://{}", server.local_addr().unwrap());
+    let metrics = format!("http://{}", server.metrics_addr().unwrap().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+
+    context_service::client::install_crypto_provider();
+    let http = reqwest::Client::new();
+    assert_eq!(
+        http.get(format!("{api}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // Not on the API address...
+    assert_error(
+        http.get(format!("{api}/metrics")).send().await.unwrap(),
+        404,
+        "not_found",
+        "no API route",
+    )
+    .await;
+    // ...but on its own, counting the API's requests.
+    let text = metrics_text(&http, &format!("{metrics}/metrics")).await;
+    assert!(
+        text.contains("method=\"GET\",route=\"/healthz\",status=\"200\"} 1"),
+        "{text}"
+    );
+    // The metrics address serves nothing else.
+    assert_error(
+        http.get(format!("{metrics}/healthz")).send().await.unwrap(),
+        404,
+        "not_found",
+        "no API route",
+    )
+    .await;
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("both listeners stop")
+        .unwrap()
+        .unwrap();
+}
