@@ -53,6 +53,7 @@ impl AppState {
     pub async fn build(config: &ServeConfig) -> anyhow::Result<Self> {
         fsutil::ensure_dir(&config.data_dir, 0o700)
             .with_context(|| format!("creating the data dir {}", config.data_dir.display()))?;
+        make_data_dir_private(config);
         let auth = Arc::new(build_authenticator(config)?);
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
@@ -70,6 +71,28 @@ impl AppState {
             pools,
             workloads,
         })
+    }
+}
+
+/// Narrows the permissions of a data dir left readable by others (older
+/// versions created `store/meta.redb` with the umask's permissions) and
+/// logs what changed. The local backend's sandbox trees are left as they
+/// are: the data dir's own `0700` already closes them.
+fn make_data_dir_private(config: &ServeConfig) {
+    let done = fsutil::make_private(&config.data_dir, &["local"]);
+    if done.changed > 0 {
+        tracing::warn!(
+            changed = done.changed,
+            first = ?done.first,
+            "made files and directories under the data dir private (0600/0700)"
+        );
+    }
+    if done.failures > 0 {
+        tracing::warn!(
+            failures = done.failures,
+            first = ?done.failed,
+            "could not make everything under the data dir private"
+        );
     }
 }
 

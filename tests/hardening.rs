@@ -674,3 +674,132 @@ async fn metrics_can_have_their_own_address() {
         .unwrap()
         .unwrap();
 }
+
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+fn chmod(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Every path under `root` but the contents of `root/local` (the local
+/// backend's sandboxes), with its mode.
+fn modes_under(root: &std::path::Path) -> Vec<(std::path::PathBuf, bool, u32)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        out.push((path.clone(), meta.is_dir(), mode_of(&path)));
+        if meta.is_dir() && path != root.join("local") {
+            stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn files_under_the_data_dir_are_private_whatever_the_umask() {
+    use tokio::io::AsyncBufReadExt;
+
+    // A data dir an older version (or a person) left readable.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("old")).unwrap();
+    std::fs::write(data.join("notes.txt"), b"n").unwrap();
+    std::fs::write(data.join("old/file"), b"f").unwrap();
+    chmod(&data, 0o755);
+    chmod(&data.join("old"), 0o755);
+    chmod(&data.join("notes.txt"), 0o644);
+    chmod(&data.join("old/file"), 0o666);
+
+    // The service under umask 000, so that only explicit modes protect.
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"umask 000 && exec "$0" serve --listen 127.0.0.1:0 --data-dir "$1" --log-format json"#)
+        .arg(env!("CARGO_BIN_EXE_context-service"))
+        .arg(&data)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut log = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut tightened = None;
+    let addr = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = log.next_line().await.unwrap() {
+            let Ok(entry) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            let fields = &entry["fields"];
+            let message = fields["message"].as_str().unwrap_or("");
+            if message.contains("data dir private") {
+                tightened = Some(fields.clone());
+            }
+            if message == "listening" {
+                return fields["addr"].as_str().unwrap().to_owned();
+            }
+        }
+        panic!("the service exited before listening");
+    })
+    .await
+    .expect("the service starts");
+    // The data dir, notes.txt, old/ and old/file were narrowed.
+    let tightened = tightened.expect("the tightening is logged");
+    assert_eq!(tightened["changed"], 4, "{tightened}");
+    assert!(
+        tightened["first"].as_str().unwrap().contains("notes.txt"),
+        "{tightened}"
+    );
+
+    // Use it, so that blobs, spools and the store exist.
+    let token = std::fs::read_to_string(data.join("auth/dev-token")).unwrap();
+    let base = format!("http://{addr}");
+    context_service::client::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{base}/v1/workloads"))
+        .bearer_auth(token.trim())
+        .json(&serde_json::json!({"name": "w"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let resp = http
+        .put(format!("{base}/v1/workloads/w/bundle"))
+        .bearer_auth(token.trim())
+        .header("content-type", MEDIA)
+        .body(tgz(&[("a", b"a")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+
+    let modes = modes_under(&data);
+    for expected in [
+        "store/meta.redb",
+        "auth/signing-key.pem",
+        "auth/dev-token",
+        "auth/server-secret",
+        "blobs/sha256",
+        "tmp",
+        "local",
+    ] {
+        assert!(
+            modes.iter().any(|(p, _, _)| p.ends_with(expected)),
+            "{expected} missing from {modes:?}"
+        );
+    }
+    for (path, is_dir, mode) in &modes {
+        let want = if *is_dir { 0o700 } else { 0o600 };
+        assert_eq!(*mode, want, "{} is {mode:o}", path.display());
+    }
+    child.kill().await.unwrap();
+}
