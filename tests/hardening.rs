@@ -803,3 +803,58 @@ async fn files_under_the_data_dir_are_private_whatever_the_umask() {
     }
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn bundle_size_rejections_answer_their_own_413_code() {
+    let server = TestServer::start_with(|c| {
+        c.bundle_max_bytes = 64 * 1024;
+        c.bundle_max_inflated_bytes = 8192;
+        c.bundle_max_entries = 3;
+        c.bundle_max_file_bytes = 4000;
+    })
+    .await;
+    let alice = server.user_token("alice");
+    let bob = server.user_token("bob");
+    let filler = [b'x'; 3000];
+    let big = [b'y'; 5000];
+    let noisy = common::workload_bundles::noise(100 * 1024, 7);
+    let cases: [(Vec<u8>, &str, &str); 4] = [
+        // Three files of 3000 bytes: 3 x (512 + 3072) tar bytes > 8192.
+        (
+            tgz(&[("a", &filler), ("b", &filler), ("c", &filler)]),
+            "inflated_too_large",
+            "inflates to more than 8192 bytes",
+        ),
+        (
+            tgz(&[("a", b"1"), ("b", b"2"), ("c", b"3"), ("d", b"4")]),
+            "too_many_entries",
+            "more than 3 entries (at \"d\")",
+        ),
+        (
+            tgz(&[("big", &big)]),
+            "file_too_large",
+            "\"big\" is 5000 bytes, over the 4000-byte limit",
+        ),
+        // The compressed size keeps the generic code.
+        (
+            tgz(&[("n", &noisy)]),
+            "upload_too_large",
+            "limit is 65536 bytes",
+        ),
+    ];
+    for (i, (bundle, code, message)) in cases.into_iter().enumerate() {
+        let name = format!("w{i}");
+        create_workload(&server, &alice, &name).await;
+        let resp = server
+            .http()
+            .put(server.url(&format!("/v1/workloads/{name}/bundle")))
+            .bearer_auth(&alice)
+            .header("content-type", MEDIA)
+            .body(bundle)
+            .send()
+            .await
+            .unwrap();
+        assert_error(resp, 413, code, message).await;
+        assert_others_served(&server, &bob).await;
+    }
+}
