@@ -55,6 +55,7 @@ impl AppState {
     pub async fn build(config: &ServeConfig) -> anyhow::Result<Self> {
         fsutil::ensure_dir(&config.data_dir, 0o700)
             .with_context(|| format!("creating the data dir {}", config.data_dir.display()))?;
+        make_data_dir_private(config);
         let auth = Arc::new(build_authenticator(config)?);
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
@@ -128,6 +129,46 @@ impl ServeConfig {
             audience: self.token_audience.clone(),
             leeway_secs: self.token_leeway_secs,
         }
+    }
+
+    /// The per-request time limits.
+    pub fn request_limits(&self) -> crate::api::RequestLimits {
+        crate::api::RequestLimits {
+            body_idle_timeout: self.body_idle_timeout,
+            deadline: self.request_deadline,
+        }
+    }
+
+    /// The connection limits.
+    pub fn connection_limits(&self) -> crate::server::ConnectionLimits {
+        crate::server::ConnectionLimits {
+            header_read_timeout: self.header_read_timeout,
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            max_requests_per_connection: self.max_requests_per_connection,
+        }
+    }
+}
+
+/// Narrows the permissions of a data dir left readable by others (older
+/// versions created `store/meta.redb` with the umask's permissions) and
+/// logs what changed. The local backend's sandbox trees are left as they
+/// are: the data dir's own `0700` already closes them.
+fn make_data_dir_private(config: &ServeConfig) {
+    let done = fsutil::make_private(&config.data_dir, &["local"]);
+    if done.changed > 0 {
+        tracing::warn!(
+            changed = done.changed,
+            first = ?done.first,
+            "made files and directories under the data dir private (0600/0700)"
+        );
+    }
+    if done.failures > 0 {
+        tracing::warn!(
+            failures = done.failures,
+            first = ?done.failed,
+            "could not make everything under the data dir private"
+        );
     }
 }
 

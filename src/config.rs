@@ -31,6 +31,12 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_LISTEN_ADDR", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
 
+    /// Serve `/metrics` on this address only (and not on `--listen`), so
+    /// that scrapers reach it and API clients do not. Unset: `/metrics` is
+    /// on the main address.
+    #[arg(long, env = "CS_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
     /// Directory of the embedded store (metadata, bundles, keys, local sandboxes).
     #[arg(long, env = "CS_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
@@ -129,6 +135,40 @@ pub struct ServeConfig {
     /// Largest single file in a bundle, in bytes (256 MiB by default).
     #[arg(long, env = "CS_BUNDLE_MAX_FILE_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub bundle_max_file_bytes: u64,
+
+    /// Longest time a client may take to send a request's line and headers;
+    /// the connection is closed after it. hyper starts this timer whenever
+    /// it waits for a request, so it is also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long, env = "CS_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: std::time::Duration,
+
+    /// Longest pause between two pieces of a request body (uploads
+    /// included); the request then ends with `408 request_timeout`.
+    #[arg(long, env = "CS_BODY_IDLE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub body_idle_timeout: std::time::Duration,
+
+    /// Longest time a request may take until its answer starts, except
+    /// bundle uploads and downloads (they stream) and `?wait=ready`
+    /// long-polls (bounded on their own); then `503 deadline_exceeded`.
+    #[arg(long, env = "CS_REQUEST_DEADLINE", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub request_deadline: std::time::Duration,
+
+    /// Most open client connections; further ones are answered
+    /// `503 too_many_connections` and closed.
+    #[arg(long, env = "CS_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Most open connections from one client address (0: no per-address
+    /// cap). Behind a proxy that funnels every client through one address,
+    /// raise it or set 0.
+    #[arg(long, env = "CS_MAX_CONNECTIONS_PER_IP", default_value_t = 128)]
+    pub max_connections_per_ip: usize,
+
+    /// Requests served on one keep-alive connection before it is closed
+    /// (0: no limit).
+    #[arg(long, env = "CS_MAX_REQUESTS_PER_CONNECTION", default_value_t = 1000)]
+    pub max_requests_per_connection: usize,
 }
 
 impl ServeConfig {

@@ -118,6 +118,14 @@ impl From<WorkloadError> for ApiError {
             }
             W::GrantInvalid => ApiError::new(StatusCode::UNAUTHORIZED, "token_invalid", msg),
             W::GrantExpired => ApiError::new(StatusCode::UNAUTHORIZED, "token_expired", msg),
+            // The size limits answer 413 with their own code.
+            W::Bundle(b) if b.is_too_large() => {
+                let message = match b.entry() {
+                    Some(entry) if !msg.contains(entry) => format!("{b} (at {entry:?})"),
+                    _ => b.to_string(),
+                };
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, b.code(), message)
+            }
             W::Bundle(b) => {
                 let message = match b.entry() {
                     Some(entry) => format!("{}: {entry} ({b})", b.code()),

@@ -199,13 +199,12 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// A path parameter, or `400 invalid_request` (e.g. invalid UTF-8 after
-/// percent-decoding) as JSON rather than axum's plain-text rejection.
+/// A path parameter, or its rejection as an API error (see
+/// `api::rejection`).
 pub fn path_param<T>(
     path: Result<axum::extract::Path<T>, axum::extract::rejection::PathRejection>,
 ) -> Result<T, ApiError> {
-    path.map(|axum::extract::Path(v)| v)
-        .map_err(|e| ApiError::invalid_request(e.body_text()))
+    path.map(|axum::extract::Path(v)| v).map_err(ApiError::from)
 }
 
 /// A JSON answer with a trailing newline, as upstream writes it.

@@ -3,7 +3,7 @@
 //! authorise, call the [`WorkloadService`] and map its answer.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer_token, ApiJson};
+use super::rejection::ApiPath;
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::workload::{CreateWorkload, UploadTicket, WorkloadService, BUNDLE_MEDIA_TYPE};
@@ -71,7 +72,7 @@ async fn list(State(svc): State<WorkloadService>, principal: Principal) -> ApiRe
 async fn read(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
     Ok(Json(svc.get(principal.subject(), &id).await?).into_response())
@@ -80,7 +81,7 @@ async fn read(
 async fn remove(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::WorkloadsWrite)?;
     svc.delete(principal.subject(), &id).await?;
@@ -90,7 +91,7 @@ async fn remove(
 async fn new_grant(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
     let grant = svc.grant(principal.subject(), &id).await?;
@@ -100,7 +101,7 @@ async fn new_grant(
 async fn activate(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ActivateBody>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
@@ -113,7 +114,7 @@ async fn activate(
 async fn upload_by_owner(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -124,7 +125,7 @@ async fn upload_by_owner(
 
 async fn upload_by_grant(
     State(svc): State<WorkloadService>,
-    Path(grant): Path<String>,
+    ApiPath(grant): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -185,7 +186,7 @@ async fn upload(
 async fn download(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path((id, revision)): Path<(String, String)>,
+    ApiPath((id, revision)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;

@@ -5,6 +5,7 @@ use std::path::Path;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::{GrantRecord, MetadataStore, StoreError, WorkloadRecord};
+use crate::fsutil;
 
 /// Workloads by [`workload_key`]; values are JSON records.
 const WORKLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("workloads");
@@ -45,6 +46,10 @@ fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
 impl RedbStore {
     /// Opens (or creates) the database file at `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        // redb would create the file with the umask's permissions: create
+        // it (or narrow it) first; redb initialises an empty file.
+        fsutil::open_private(path)
+            .map_err(|e| StoreError::Database(format!("opening {}: {e}", path.display())))?;
         let db = Database::create(path).map_err(db_err)?;
         // Create the tables up front so read transactions never miss them.
         let txn = db.begin_write().map_err(db_err)?;

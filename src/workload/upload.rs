@@ -87,9 +87,11 @@ impl WorkloadService {
     }
 }
 
-/// Maps an engine error to the API's classes.
+/// Maps an engine error to the API's classes. Only the compressed size is
+/// `TooLarge` (`upload_too_large`); the other size limits keep their own
+/// reason (`inflated_too_large`, ...) as a bundle rejection.
 fn classify_bundle_error(e: BundleError) -> WorkloadError {
-    if e.is_too_large() {
+    if matches!(e, BundleError::CompressedTooLarge { .. }) {
         return WorkloadError::TooLarge(e.to_string());
     }
     if e.is_rejection() {

@@ -1,0 +1,44 @@
+//! axum's own rejections and fallbacks, answered like every other error
+//! (`{"error", "message"}` JSON) rather than as axum's plain text or empty
+//! bodies: a path parameter that cannot be decoded (e.g. invalid UTF-8
+//! after percent-decoding), a path no route matches, and a method the
+//! matched path does not take.
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::FromRequestParts;
+use axum::http::StatusCode;
+
+use super::error::ApiError;
+
+/// Path parameters, or `400 invalid_request` JSON when they cannot be
+/// decoded.
+#[derive(Debug, FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        // 5xx rejections are route/extractor mismatches: a bug, not the
+        // client's fault.
+        if rejection.status().is_server_error() {
+            ApiError::internal(rejection.body_text())
+        } else {
+            ApiError::invalid_request(rejection.body_text())
+        }
+    }
+}
+
+/// The fallback for paths no route matches: `404 not_found`.
+pub async fn no_route() -> ApiError {
+    ApiError::not_found("no API route matches this path")
+}
+
+/// The fallback for a method the matched path does not take:
+/// `405 method_not_allowed` (axum adds the `Allow` header).
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this path does not take that method; see the Allow header",
+    )
+}
