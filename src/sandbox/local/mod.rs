@@ -48,8 +48,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::fsutil;
-use crate::pool::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
-use crate::pool::{BackendError, SandboxBackend};
+use crate::pool::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
+use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 use layout::SANDBOX_FILE;
 use reservation::Reservations;
@@ -236,6 +236,12 @@ impl SandboxBackend for LocalBackend {
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
         let (ns, name) = (namespace.to_owned(), name.to_owned());
         self.blocking(move |inner| inner.delete_context(&ns, &name))
+            .await
+    }
+
+    async fn list_sandboxes(&self, selector: &LabelSelector) -> Result<Vec<Member>, BackendError> {
+        let selector = selector.clone();
+        self.blocking(move |inner| inner.list_sandboxes(&selector))
             .await
     }
 }
