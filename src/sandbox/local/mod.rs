@@ -28,12 +28,13 @@
 //! `records` (the JSON records), `plan` (what a spec creates),
 //! `reservation` (conflicts and names in flight), `create` (creation and
 //! rollback), `delete` (deletion and crash recovery), `status` and
-//! `contexts`. This module holds the backend type and the trait
+//! `contexts`, and `exec` (the delivery exec port). This module holds the backend type and the trait
 //! implementation, which runs each operation on the blocking pool.
 
 mod contexts;
 mod create;
 mod delete;
+mod exec;
 mod layout;
 mod plan;
 mod records;
