@@ -66,6 +66,23 @@ for tool in head sha256sum gzip tar flock mkdir mv rm chmod stat ln; do
 	command -v "$tool" >/dev/null 2>&1 || fail missing_tool "$tool not found on PATH"
 done
 
+# A relative root is taken in the working directory; the path printed at
+# the end is absolute. $PWD must hold only characters the JSON line and the
+# protocol can carry as they are.
+case $root in
+/*) ;;
+*)
+	case $PWD in
+	/*) ;;
+	*) fail bad_root "the working directory is unknown, so a relative root cannot be used" ;;
+	esac
+	case $PWD in
+	*[!A-Za-z0-9._/-]*) fail bad_root "the working directory has characters a delivery path cannot hold" ;;
+	esac
+	root=${PWD%/}/$root
+	;;
+esac
+
 mkdir -p "$root" 2>/dev/null
 [ -d "$root" ] && [ -w "$root" ] || fail bad_root "cannot create or write the delivery root $root"
 # A failed redirection on `exec` would end the shell without an ERROR line.

@@ -205,13 +205,13 @@ pub fn is_valid_scope(scope: &str) -> bool {
     is_lower_hex(scope, 32)
 }
 
-/// Whether `root` is a usable delivery root: absolute, at most 1024 bytes,
-/// only `[A-Za-z0-9._/-]`, and no empty, `.` or `..` component (so neither
-/// `/` itself, `//` nor a trailing `/`).
+/// Whether `root` is a usable delivery root: absolute, or relative to the
+/// exec's working directory (no leading `/`; the script then prints an
+/// absolute path built from `$PWD`); at most 1024 bytes, only
+/// `[A-Za-z0-9._/-]`, and no empty, `.` or `..` component (so neither `/`
+/// itself, `//` nor a trailing `/`).
 pub fn is_valid_root(root: &str) -> bool {
-    let Some(rest) = root.strip_prefix('/') else {
-        return false;
-    };
+    let rest = root.strip_prefix('/').unwrap_or(root);
     root.len() <= MAX_ROOT_BYTES
         && rest.split('/').all(|c| {
             !c.is_empty()
@@ -237,7 +237,7 @@ fn check(ok: bool, field: &'static str, rule: &'static str) -> Result<(), Script
 }
 
 const ROOT_RULE: &str =
-    "must be an absolute path of [A-Za-z0-9._-] components, without '.', '..' or empty components";
+    "must be a path (absolute, or relative to the working directory) of [A-Za-z0-9._-] components, without '.', '..' or empty components";
 const SCOPE_RULE: &str = "must be 32 lowercase hex digits";
 const WORKLOAD_RULE: &str = "must be a lowercase DNS label of at most 50 characters";
 const RUN_ID_RULE: &str = "must match ^[a-z0-9][a-z0-9._-]{0,62}$";
@@ -447,11 +447,12 @@ mod tests {
 
     #[test]
     fn root_rule() {
-        for ok in ["/a", "/workspace/.context", "/a-b/c_d/E.9"] {
+        for ok in ["/a", "/workspace/.context", "/a-b/c_d/E.9", "a", ".context", "w/.context"] {
             assert!(is_valid_root(ok), "{ok}");
         }
         for bad in [
-            "", "/", "a", "//a", "/a/", "/a/../b", "/a/./b", "/..", "/a b", "/a'b", "/a$b",
+            "", "/", "//a", "/a/", "/a/../b", "/a/./b", "/..", "/a b", "/a'b", "/a$b", "..",
+            "../a", "./a", "a/", "a//b", "a/../b", "a b", "a$(x)",
         ] {
             assert!(!is_valid_root(bad), "{bad}");
         }
