@@ -14,6 +14,7 @@ pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod delivery;
 pub mod error;
 pub mod fsutil;
 pub mod metrics;
