@@ -183,7 +183,21 @@ impl DeliveryService {
     /// `input.run_id`. Every value is checked before anything runs; the
     /// sandboxes that succeed are registered under the run even when
     /// others fail ([`DeliveryError::Failed`]).
+    ///
+    /// Runs in its own task: a caller that goes away cannot leave a run
+    /// placed in a sandbox but missing from the registry.
     pub async fn deliver(
+        &self,
+        owner: &str,
+        workload: &str,
+        input: &DeliverInput,
+    ) -> Result<Delivered, DeliveryError> {
+        let this = self.clone();
+        let (owner, workload, input) = (owner.to_owned(), workload.to_owned(), input.clone());
+        detached(async move { this.deliver_here(&owner, &workload, &input).await }).await
+    }
+
+    async fn deliver_here(
         &self,
         owner: &str,
         workload: &str,
@@ -315,8 +329,19 @@ impl DeliveryService {
     /// Releases the owner's run `run_id` of `workload` in every sandbox it
     /// reached. A sandbox that no longer exists counts as released. On a
     /// failure the run keeps the sandboxes that failed, so a retry finishes
-    /// the job.
+    /// the job. Runs in its own task, like [`DeliveryService::deliver`].
     pub async fn release(
+        &self,
+        owner: &str,
+        workload: &str,
+        run_id: &str,
+    ) -> Result<(), DeliveryError> {
+        let this = self.clone();
+        let (owner, workload, run_id) = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
+        detached(async move { this.release_here(&owner, &workload, &run_id).await }).await
+    }
+
+    async fn release_here(
         &self,
         owner: &str,
         workload: &str,
@@ -539,6 +564,15 @@ impl DeliveryService {
         }
         failure.reason()
     }
+}
+
+/// Runs `work` in its own task, so dropping the caller does not cancel it.
+async fn detached<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, DeliveryError>> + Send + 'static,
+) -> Result<T, DeliveryError> {
+    tokio::spawn(work)
+        .await
+        .map_err(|e| DeliveryError::Internal(format!("delivery task failed: {e}")))?
 }
 
 fn invalid(message: &str) -> DeliveryError {

@@ -21,12 +21,13 @@ use crate::common::{assert_error, Caller, TestServer};
 
 // --- an exec port wrapper that counts execs and can corrupt a transfer ---
 
-/// Counts execs and, when `corrupt` is set, flips one bundle byte on its
-/// way into the sandbox.
+/// Counts execs; when `corrupt` is set, flips one bundle byte on its way
+/// into the sandbox; when `replace` holds a script, runs that instead.
 #[derive(Default)]
 struct Probe {
     execs: AtomicUsize,
     corrupt: AtomicBool,
+    replace: std::sync::Mutex<Option<String>>,
 }
 
 struct Probed {
@@ -38,7 +39,12 @@ struct Probed {
 impl SandboxExec for Probed {
     async fn exec(&self, target: &ExecTarget, argv: &[String]) -> Result<ExecSession, ExecError> {
         self.probe.execs.fetch_add(1, Ordering::SeqCst);
-        let mut session = self.inner.exec(target, argv).await?;
+        let replaced = self.probe.replace.lock().unwrap().clone();
+        let argv = match replaced {
+            Some(script) => vec!["sh".to_owned(), "-c".to_owned(), script],
+            None => argv.to_vec(),
+        };
+        let mut session = self.inner.exec(target, &argv).await?;
         if self.probe.corrupt.load(Ordering::SeqCst) {
             let stdin = std::mem::replace(&mut session.stdin, Box::new(tokio::io::sink()));
             session.stdin = Box::new(Flip {
@@ -874,4 +880,71 @@ async fn runs_survive_a_restart() {
     // Retention 1 keeps the unreferenced revision's cache dir.
     let cache = root_of(&server, "sandbox-p-0").join("cache");
     assert_eq!(names_in(&cache).len(), 1);
+}
+
+#[tokio::test]
+async fn broken_sandboxes_time_out_or_break_the_protocol_without_leaking() {
+    let (server, probe) = probed_server(|c| {
+        c.delivery_timeout = std::time::Duration::from_secs(1);
+    })
+    .await;
+    let alice = Caller::user(&server, "alice");
+    ready_workload(&server, "alice", "w", FILES).await;
+    pool(&alice, "p", 1).await;
+    let cases = [
+        ("sleep 30", "timeout: the delivery did not finish within 1s"),
+        ("echo hello", "protocol_error: expected NEED, got \"hello\""),
+        (
+            "echo secret detail >&2; exit 3",
+            "protocol_error: the script exited with 3 without a result before NEED",
+        ),
+        (
+            "echo 'NEED 1'; exit 0",
+            "protocol_error: the script asked for 1 bytes; the bundle has",
+        ),
+        (
+            "echo 'ERROR missing_tool tar not found on PATH'; exit 1",
+            "missing_tool: tar not found on PATH",
+        ),
+    ];
+    for (script, reason) in cases {
+        *probe.replace.lock().unwrap() = Some(script.to_owned());
+        let started = std::time::Instant::now();
+        let resp = deliver(&alice, "w", json!({"runId": "r", "sandbox": "sandbox-p-0"})).await;
+        assert_error(resp, 502, "delivery_failed", reason).await;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{script}"
+        );
+    }
+    let list = json(alice.get("/v1/workloads/w/deliveries").await, 200).await;
+    assert_eq!(list, json!({"deliveries": []}));
+}
+
+#[tokio::test]
+async fn bundles_outside_the_cache_are_read_from_disk_or_streamed() {
+    let big = noise(400_000, 5);
+    // 1 KiB cache: the bundle is read from its blob file, held under the
+    // in-flight budget (1 MiB) for both sandboxes; then a budget smaller
+    // than the bundle: streamed from the file to each sandbox.
+    for inflight in [1 << 20, 1024] {
+        let (server, _) = probed_server(|c| {
+            c.cache_bytes = 1024;
+            c.delivery_inflight_bytes = inflight;
+        })
+        .await;
+        let alice = Caller::user(&server, "alice");
+        let (len, _) = ready_workload(&server, "alice", "w", &[("big.bin", &big)]).await;
+        pool(&alice, "p", 2).await;
+        let d = json(
+            deliver(&alice, "w", json!({"runId": "r", "pool": "p"})).await,
+            201,
+        )
+        .await;
+        for o in d["deliveries"].as_array().unwrap() {
+            assert_eq!(o["bytesSent"], len, "{o}");
+            let path = Path::new(o["path"].as_str().unwrap());
+            assert_eq!(std::fs::read(path.join("big.bin")).unwrap(), big);
+        }
+    }
 }
