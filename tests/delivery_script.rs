@@ -1027,6 +1027,10 @@ fn long_pax_paths(sh: &Shell) {
     let p3 = format!("x/{max}");
     let b = bundle(&[(&p1, b"one"), (&p2, b"two"), (&p3, b"three")]);
     assert!(p2.len() > 100 && p3.len() > 255);
+    // The service's own reader takes the canonical PAX headers back.
+    let again = context_service::bundle::inspect(b.bytes.as_slice(), &Limits::default())
+        .expect("canonical bundle re-inspects");
+    assert_eq!(again.revision, b.report.revision);
     let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
     let (path, _) = deliver(sh, &sb, &req, &b.bytes).done();
     let view = Path::new(&path);
