@@ -3,6 +3,7 @@
 //! authorise, call the [`crate::delivery::DeliveryService`] and map its
 //! answer; every route needs the scope `workloads:deliver`.
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,6 +13,7 @@ use serde::Deserialize;
 
 use super::error::{ApiError, DeliveryApiError};
 use super::extract::ApiJson;
+use super::json::path_param;
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::delivery::{DeliverInput, DeliveryService, DeliveryTarget, RunList, Verify};
@@ -48,10 +50,11 @@ fn service(state: &AppState) -> Result<&DeliveryService, ApiError> {
 async fn deliver(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     ApiJson(body): ApiJson<DeliverBody>,
 ) -> DeliveryResult<Response> {
     principal.require(Scope::WorkloadsDeliver)?;
+    let id = path_param(path)?;
     let target = match (body.sandbox, body.pool) {
         (Some(s), None) => DeliveryTarget::Sandbox(s),
         (None, Some(p)) => DeliveryTarget::Pool(p),
@@ -76,9 +79,10 @@ async fn deliver(
 async fn list(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> DeliveryResult<Response> {
     principal.require(Scope::WorkloadsDeliver)?;
+    let id = path_param(path)?;
     let deliveries = service(&state)?.list(principal.subject(), &id).await?;
     Ok(Json(RunList { deliveries }).into_response())
 }
@@ -86,9 +90,10 @@ async fn list(
 async fn release(
     State(state): State<AppState>,
     principal: Principal,
-    Path((id, run)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> DeliveryResult<StatusCode> {
     principal.require(Scope::WorkloadsDeliver)?;
+    let (id, run) = path_param(path)?;
     service(&state)?
         .release(principal.subject(), &id, &run)
         .await?;
