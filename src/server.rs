@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 
 use crate::api::{self, RequestLimits};
-use crate::app::AppState;
+use crate::app::{AppState, BuildOptions};
 use crate::config::ServeConfig;
 
 pub use conn::ConnectionLimits;
@@ -28,8 +28,14 @@ impl Server {
     /// Checks the limits, builds the application state and binds the
     /// listener.
     pub async fn bind(config: &ServeConfig) -> anyhow::Result<Self> {
+        Self::bind_with(config, &BuildOptions::default()).await
+    }
+
+    /// [`Server::bind`] with build `options` (e.g. a wrapped exec port in
+    /// tests).
+    pub async fn bind_with(config: &ServeConfig, options: &BuildOptions) -> anyhow::Result<Self> {
         check_limits(config)?;
-        let state = AppState::build(config).await?;
+        let state = AppState::build_with(config, options).await?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;

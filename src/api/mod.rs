@@ -2,6 +2,7 @@
 //! authorise, call a service and map the result.
 
 mod contexts;
+mod deliveries;
 pub mod error;
 pub mod error_body;
 pub mod extract;
@@ -33,7 +34,8 @@ pub fn router(state: AppState, limits: RequestLimits, with_metrics: bool) -> Rou
         .merge(health::router())
         .merge(pools::router())
         .merge(contexts::router())
-        .merge(workloads::router());
+        .merge(workloads::router())
+        .merge(deliveries::router());
     if with_metrics {
         routes = routes.route("/metrics", get(metrics::render));
     }
