@@ -10,6 +10,7 @@ use crate::auth::dev::{self, DevIssuer};
 use crate::auth::{Authenticator, KeySet, OwnerScope, TokenPolicy};
 use crate::bundle::Limits;
 use crate::config::{BackendKind, ServeConfig};
+use crate::delivery::{DeliveryDeps, DeliveryService, DeliverySettings, SandboxExec};
 use crate::fsutil;
 use crate::metrics::Metrics;
 use crate::pool::PoolService;
@@ -29,6 +30,19 @@ pub struct AppState {
     pub pools: Arc<PoolService>,
     /// Workloads, revisions, uploads and downloads.
     pub workloads: WorkloadService,
+    /// Deliveries into sandboxes (`None` on a backend without exec).
+    pub deliveries: Option<DeliveryService>,
+}
+
+/// Wraps the backend's exec port, e.g. to count or corrupt execs in tests.
+pub type ExecWrapper = Arc<dyn Fn(Arc<dyn SandboxExec>) -> Arc<dyn SandboxExec> + Send + Sync>;
+
+/// What [`AppState::build_with`] may change beyond the settings.
+#[derive(Clone, Default)]
+pub struct BuildOptions {
+    /// Applied to the backend's exec port before the delivery service gets
+    /// it.
+    pub exec_wrapper: Option<ExecWrapper>,
 }
 
 impl FromRef<AppState> for WorkloadService {
@@ -53,6 +67,12 @@ impl AppState {
     /// Opens the store and backends that `config` names, recovering from a
     /// crash where needed.
     pub async fn build(config: &ServeConfig) -> anyhow::Result<Self> {
+        Self::build_with(config, &BuildOptions::default()).await
+    }
+
+    /// [`AppState::build`] with `options`.
+    pub async fn build_with(config: &ServeConfig, options: &BuildOptions) -> anyhow::Result<Self> {
+        let delivery_settings = config.delivery_settings()?;
         fsutil::ensure_dir(&config.data_dir, 0o700)
             .with_context(|| format!("creating the data dir {}", config.data_dir.display()))?;
         let auth = Arc::new(build_authenticator(config)?);
@@ -62,15 +82,35 @@ impl AppState {
         let backend = sandbox::open(sandbox_settings(config))
             .await
             .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
-        let pools = Arc::new(PoolService::new(backend));
+        let pools = Arc::new(PoolService::new(backend.pools));
         let workloads = build_workloads(config).await?;
         metrics.with_registry(|r| workloads.metrics().register(r));
+        let deliveries = match backend.exec {
+            Some(exec) => {
+                let exec = match &options.exec_wrapper {
+                    Some(wrap) => wrap(exec),
+                    None => exec,
+                };
+                let deps = DeliveryDeps {
+                    exec,
+                    pools: pools.clone(),
+                    workloads: workloads.clone(),
+                    runs: workloads.run_store(),
+                    owner_scope: owner_scope.clone(),
+                };
+                let service = DeliveryService::new(delivery_settings, deps)?;
+                metrics.with_registry(|r| service.metrics().register(r));
+                Some(service)
+            }
+            None => None,
+        };
         Ok(Self {
             auth,
             owner_scope,
             metrics,
             pools,
             workloads,
+            deliveries,
         })
     }
 }
@@ -119,6 +159,30 @@ impl ServeConfig {
                 ..Limits::default()
             },
         }
+    }
+
+    /// The delivery service's settings. The root is taken inside the
+    /// sandbox directory on `local` (made relative to the exec's working
+    /// directory, which is the sandbox directory there).
+    pub fn delivery_settings(&self) -> anyhow::Result<DeliverySettings> {
+        let root = match self.backend {
+            BackendKind::Local => self.delivery_root.trim_start_matches('/').to_owned(),
+            BackendKind::Kube => self.delivery_root.clone(),
+        };
+        let shared_selector = match self.delivery_shared_selector.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(s) => Some(s.parse().context("--delivery-shared-selector")?),
+        };
+        let settings = DeliverySettings {
+            root,
+            retention: self.delivery_retention,
+            timeout: self.delivery_timeout,
+            parallelism: self.delivery_parallelism,
+            inflight_bytes: self.delivery_inflight_bytes,
+            shared_selector,
+        };
+        settings.validate()?;
+        Ok(settings)
     }
 
     /// The token policy these settings describe.

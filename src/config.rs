@@ -129,6 +129,40 @@ pub struct ServeConfig {
     /// Largest single file in a bundle, in bytes (256 MiB by default).
     #[arg(long, env = "CS_BUNDLE_MAX_FILE_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub bundle_max_file_bytes: u64,
+
+    /// Delivery root inside every sandbox: where delivered revisions, run
+    /// views and the lock live. Absolute, or relative to the exec's working
+    /// directory. On `local` it is taken inside the sandbox directory.
+    #[arg(long, env = "CS_DELIVERY_ROOT", default_value = "/workspace/.context")]
+    pub delivery_root: String,
+
+    /// Unreferenced revisions each owner keeps per sandbox after their last
+    /// run is released (0: removed at once).
+    #[arg(long, env = "CS_DELIVERY_RETENTION", default_value_t = 0)]
+    pub delivery_retention: u32,
+
+    /// Longest a delivery (or release) into one sandbox may take, e.g. `5m`.
+    #[arg(long, env = "CS_DELIVERY_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub delivery_timeout: std::time::Duration,
+
+    /// Most sandboxes one pool-wide delivery serves at once.
+    #[arg(long, env = "CS_DELIVERY_PARALLELISM", default_value_t = 8)]
+    pub delivery_parallelism: usize,
+
+    /// Budget of bundle bytes read from disk and held for deliveries at
+    /// once, process-wide (512 MiB by default).
+    #[arg(long, env = "CS_DELIVERY_INFLIGHT_BYTES", default_value_t = 512 * 1024 * 1024)]
+    pub delivery_inflight_bytes: u64,
+
+    /// Label selector (`k=v,k2=v2`) of shared sandboxes every owner may
+    /// deliver into (e.g. a platform-owned pool: `context.rossoctl.io/pool=shared`).
+    #[arg(long, env = "CS_DELIVERY_SHARED_SELECTOR")]
+    pub delivery_shared_selector: Option<String>,
+
+    /// Container of the sandbox pod that deliveries exec into (`kube`
+    /// backend; default: the pod's first container).
+    #[arg(long, env = "CS_DELIVERY_CONTAINER")]
+    pub delivery_container: Option<String>,
 }
 
 impl ServeConfig {

@@ -15,6 +15,7 @@ pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod delivery;
 pub mod fsutil;
 pub mod metrics;
 pub mod pool;

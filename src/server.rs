@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 
 use crate::api;
-use crate::app::AppState;
+use crate::app::{AppState, BuildOptions};
 use crate::config::ServeConfig;
 
 /// A bound, ready-to-run server.
@@ -19,7 +19,13 @@ pub struct Server {
 impl Server {
     /// Builds the application state and binds the listener.
     pub async fn bind(config: &ServeConfig) -> anyhow::Result<Self> {
-        let state = AppState::build(config).await?;
+        Self::bind_with(config, &BuildOptions::default()).await
+    }
+
+    /// [`Server::bind`] with build `options` (e.g. a wrapped exec port in
+    /// tests).
+    pub async fn bind_with(config: &ServeConfig, options: &BuildOptions) -> anyhow::Result<Self> {
+        let state = AppState::build_with(config, options).await?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;

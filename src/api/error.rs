@@ -236,3 +236,122 @@ mod pool_error_tests {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// Delivery domain → API.
+// ---------------------------------------------------------------------------
+
+impl From<crate::delivery::DeliveryError> for ApiError {
+    fn from(err: crate::delivery::DeliveryError) -> Self {
+        use crate::delivery::DeliveryError as D;
+        let msg = err.to_string();
+        match err {
+            D::InvalidRequest(_) => Self::invalid_request(msg),
+            D::WorkloadNotFound(_) => Self::new(StatusCode::NOT_FOUND, "workload_not_found", msg),
+            D::SandboxNotFound(_) => Self::new(StatusCode::NOT_FOUND, "sandbox_not_found", msg),
+            D::PoolNotFound(_) => Self::new(StatusCode::NOT_FOUND, "pool_not_found", msg),
+            D::RunNotFound(_) => Self::new(StatusCode::NOT_FOUND, "run_not_found", msg),
+            D::WorkloadNotReady(_) => Self::new(StatusCode::CONFLICT, "workload_not_ready", msg),
+            D::RunConflict { .. } => Self::new(StatusCode::CONFLICT, "run_conflict", msg),
+            D::Failed { .. } => Self::new(StatusCode::BAD_GATEWAY, DELIVERY_FAILED, msg),
+            D::Internal(cause) => Self::internal(cause),
+        }
+    }
+}
+
+/// Error code of a delivery or release that failed in a sandbox.
+pub const DELIVERY_FAILED: &str = "delivery_failed";
+
+/// A delivery handler's failure: any API error, or a failed delivery, whose
+/// `502` answer also carries every sandbox's outcome
+/// (`{error, message, deliveries}`).
+#[derive(Debug)]
+pub enum DeliveryApiError {
+    /// Answered like any other API error.
+    Api(ApiError),
+    /// Answered `502 delivery_failed` with the outcomes.
+    Failed {
+        /// The first failure's one-line reason.
+        message: String,
+        /// Every sandbox's outcome.
+        outcomes: Vec<crate::delivery::SandboxOutcome>,
+    },
+}
+
+impl From<ApiError> for DeliveryApiError {
+    fn from(e: ApiError) -> Self {
+        DeliveryApiError::Api(e)
+    }
+}
+
+impl From<AuthError> for DeliveryApiError {
+    fn from(e: AuthError) -> Self {
+        DeliveryApiError::Api(e.into())
+    }
+}
+
+impl From<crate::delivery::DeliveryError> for DeliveryApiError {
+    fn from(e: crate::delivery::DeliveryError) -> Self {
+        match e {
+            crate::delivery::DeliveryError::Failed { reason, outcomes } => {
+                tracing::warn!(reason = %reason, "delivery failed");
+                DeliveryApiError::Failed {
+                    message: reason,
+                    outcomes,
+                }
+            }
+            other => DeliveryApiError::Api(other.into()),
+        }
+    }
+}
+
+impl IntoResponse for DeliveryApiError {
+    fn into_response(self) -> Response {
+        match self {
+            DeliveryApiError::Api(e) => e.into_response(),
+            DeliveryApiError::Failed { message, outcomes } => {
+                let body = crate::delivery::FailedBody {
+                    error: DELIVERY_FAILED.to_owned(),
+                    message,
+                    deliveries: outcomes,
+                };
+                (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod delivery_error_tests {
+    use super::*;
+    use crate::delivery::DeliveryError as D;
+
+    fn api(err: D) -> (u16, &'static str, String) {
+        let err = ApiError::from(err);
+        (err.status().as_u16(), err.code(), err.message().to_owned())
+    }
+
+    #[test]
+    fn delivery_errors_map_to_their_codes() {
+        assert_eq!(api(D::InvalidRequest("x".into())).1, "invalid_request");
+        assert_eq!(
+            api(D::SandboxNotFound("s".into())),
+            (404, "sandbox_not_found", "sandbox \"s\" not found".into())
+        );
+        assert_eq!(api(D::PoolNotFound("p".into())).1, "pool_not_found");
+        assert_eq!(api(D::RunNotFound("r".into())).1, "run_not_found");
+        assert_eq!(api(D::WorkloadNotFound("w".into())).1, "workload_not_found");
+        assert_eq!(api(D::WorkloadNotReady("w".into())).0, 409);
+        let failed = D::Failed {
+            reason: "disk_full: no space".into(),
+            outcomes: Vec::new(),
+        };
+        assert_eq!(
+            api(failed),
+            (502, "delivery_failed", "disk_full: no space".into())
+        );
+        let (status, code, message) = api(D::Internal("secret path".into()));
+        assert_eq!((status, code), (500, "internal_error"));
+        assert!(!message.contains("secret"));
+    }
+}

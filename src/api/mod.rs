@@ -2,6 +2,7 @@
 //! authorise, call a service and map the result.
 
 mod contexts;
+mod deliveries;
 pub mod error;
 pub mod error_body;
 pub mod extract;
@@ -27,6 +28,7 @@ pub fn router(state: AppState) -> Router {
         .merge(pools::router())
         .merge(contexts::router())
         .merge(workloads::router())
+        .merge(deliveries::router())
         .route("/metrics", get(metrics::render))
         // Last, so it wraps every route above.
         .route_layer(middleware::from_fn_with_state(

@@ -7,6 +7,7 @@
 //! - [`port`]: [`SandboxBackend`] and [`BackendError`], implemented by
 //!   `crate::sandbox`;
 //! - [`service`]: [`PoolService`]; [`error`]: its [`PoolError`];
+//! - [`selector`]: equality-based label selectors ([`LabelSelector`]);
 //! - [`view`]: the JSON shapes on the wire.
 
 pub mod error;
@@ -14,6 +15,7 @@ pub mod model;
 pub mod names;
 pub mod port;
 pub mod quantity;
+pub mod selector;
 pub mod service;
 pub mod validate;
 pub mod view;
@@ -24,4 +26,5 @@ pub use model::{
     PoolStatus, Strategy, WorkspaceView,
 };
 pub use port::{BackendError, SandboxBackend};
+pub use selector::LabelSelector;
 pub use service::PoolService;

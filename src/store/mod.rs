@@ -1,15 +1,18 @@
 //! The embedded store: workload metadata in a transactional database behind
 //! the [`MetadataStore`] trait (so another backend can be added later), and
-//! bundle bytes in a content-addressed [`BlobStore`].
+//! bundle bytes in a content-addressed [`BlobStore`]. The same database
+//! holds the delivery run registry ([`RunStore`]).
 //!
 //! Write order makes crashes harmless: a blob is durable (fsync + rename +
 //! directory fsync) before any metadata that names it commits.
 
 mod blob;
 mod redb_store;
+mod runs;
 
 pub use blob::{is_digest, BlobStore, TempBlob};
 pub use redb_store::RedbStore;
+pub use runs::{RunRecord, RunSandbox, RunStore};
 
 use serde::{Deserialize, Serialize};
 

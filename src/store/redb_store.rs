@@ -4,12 +4,14 @@ use std::path::Path;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::{GrantRecord, MetadataStore, StoreError, WorkloadRecord};
+use super::{GrantRecord, MetadataStore, RunRecord, RunStore, StoreError, WorkloadRecord};
 
 /// Workloads by [`workload_key`]; values are JSON records.
 const WORKLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("workloads");
 /// Grants by public id; values are JSON records.
 const GRANTS: TableDefinition<&str, &[u8]> = TableDefinition::new("grants");
+/// Delivery runs by [`run_key`]; values are JSON records.
+const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery_runs");
 
 /// The redb-backed metadata store.
 #[derive(Debug)]
@@ -31,6 +33,16 @@ fn workload_key(owner: &str, name: &str) -> String {
     format!("{}/{name}", owner_prefix(owner))
 }
 
+/// Prefix of the keys of the owner's runs of `workload` (a workload name
+/// holds no `/`).
+fn runs_prefix(owner: &str, workload: &str) -> String {
+    format!("{}/{workload}/", owner_prefix(owner))
+}
+
+fn run_key(owner: &str, workload: &str, run_id: &str) -> String {
+    format!("{}{run_id}", runs_prefix(owner, workload))
+}
+
 fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         key: key.to_owned(),
@@ -50,6 +62,7 @@ impl RedbStore {
         let txn = db.begin_write().map_err(db_err)?;
         txn.open_table(WORKLOADS).map_err(db_err)?;
         txn.open_table(GRANTS).map_err(db_err)?;
+        txn.open_table(RUNS).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         Ok(Self { db })
     }
@@ -221,6 +234,109 @@ impl MetadataStore for RedbStore {
     }
 }
 
+impl RunStore for RedbStore {
+    fn run(
+        &self,
+        owner: &str,
+        workload: &str,
+        run_id: &str,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let key = run_key(owner, workload, run_id);
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(RUNS).map_err(db_err)?;
+        let value = table.get(key.as_str()).map_err(db_err)?;
+        value.map(|v| decode(&key, v.value())).transpose()
+    }
+
+    fn runs_of(&self, owner: &str, workload: &str) -> Result<Vec<RunRecord>, StoreError> {
+        let prefix = runs_prefix(owner, workload);
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(RUNS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for item in table.range::<&str>(prefix.as_str()..).map_err(db_err)? {
+            let (k, v) = item.map_err(db_err)?;
+            if !k.value().starts_with(prefix.as_str()) {
+                break;
+            }
+            out.push(decode(k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn add_to_run(&self, run: &RunRecord) -> Result<RunRecord, StoreError> {
+        let key = run_key(&run.owner, &run.workload, &run.run_id);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let stored = {
+            let mut table = txn.open_table(RUNS).map_err(db_err)?;
+            let current: Option<RunRecord> = table
+                .get(key.as_str())
+                .map_err(db_err)?
+                .map(|v| decode(&key, v.value()))
+                .transpose()?;
+            let stored = match current {
+                Some(c) if c.revision != run.revision || c.scope != run.scope => {
+                    return Err(StoreError::Conflict)
+                }
+                Some(mut c) => {
+                    for s in &run.sandboxes {
+                        c.sandboxes.retain(|old| old.sandbox != s.sandbox);
+                        c.sandboxes.push(s.clone());
+                    }
+                    c.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
+                    c
+                }
+                None => {
+                    let mut c = run.clone();
+                    c.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
+                    c
+                }
+            };
+            table
+                .insert(key.as_str(), encode(&stored)?.as_slice())
+                .map_err(db_err)?;
+            stored
+        };
+        txn.commit().map_err(db_err)?;
+        Ok(stored)
+    }
+
+    fn remove_from_run(
+        &self,
+        owner: &str,
+        workload: &str,
+        run_id: &str,
+        sandboxes: &[String],
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let key = run_key(owner, workload, run_id);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let left = {
+            let mut table = txn.open_table(RUNS).map_err(db_err)?;
+            let current: Option<RunRecord> = table
+                .get(key.as_str())
+                .map_err(db_err)?
+                .map(|v| decode(&key, v.value()))
+                .transpose()?;
+            match current {
+                None => None,
+                Some(mut c) => {
+                    c.sandboxes.retain(|s| !sandboxes.contains(&s.sandbox));
+                    if c.sandboxes.is_empty() {
+                        table.remove(key.as_str()).map_err(db_err)?;
+                        None
+                    } else {
+                        table
+                            .insert(key.as_str(), encode(&c)?.as_slice())
+                            .map_err(db_err)?;
+                        Some(c)
+                    }
+                }
+            }
+        };
+        txn.commit().map_err(db_err)?;
+        Ok(left)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,5 +449,77 @@ mod tests {
         assert!(store.grant("old").unwrap().is_none());
         assert!(store.grant("new").unwrap().is_some());
         assert_eq!(store.workload("o", "w").unwrap().unwrap().version, 1);
+    }
+
+    fn run(owner: &str, workload: &str, id: &str, sandboxes: &[&str]) -> RunRecord {
+        RunRecord {
+            owner: owner.into(),
+            workload: workload.into(),
+            run_id: id.into(),
+            revision: "r".repeat(64),
+            scope: "s".repeat(32),
+            sandboxes: sandboxes
+                .iter()
+                .map(|s| crate::store::RunSandbox {
+                    sandbox: (*s).into(),
+                    pod: None,
+                    root: ".context".into(),
+                    path: format!("/x/{s}/{id}"),
+                })
+                .collect(),
+            created_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn runs_merge_conflict_shrink_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            store.add_to_run(&run("o", "w", "a", &["s2"])).unwrap();
+            let merged = store
+                .add_to_run(&run("o", "w", "a", &["s1", "s2"]))
+                .unwrap();
+            let names: Vec<_> = merged
+                .sandboxes
+                .iter()
+                .map(|s| s.sandbox.as_str())
+                .collect();
+            assert_eq!(names, ["s1", "s2"]);
+            let mut other = run("o", "w", "a", &["s3"]);
+            other.revision = "q".repeat(64);
+            assert!(matches!(
+                store.add_to_run(&other),
+                Err(StoreError::Conflict)
+            ));
+            // Same run id for another owner or workload: separate runs.
+            store.add_to_run(&run("o2", "w", "a", &["s1"])).unwrap();
+            store.add_to_run(&run("o", "w2", "a", &["s1"])).unwrap();
+            store.add_to_run(&run("o", "w", "b", &["s1"])).unwrap();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        let ids: Vec<_> = store
+            .runs_of("o", "w")
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+        let left = store
+            .remove_from_run("o", "w", "a", &["s1".into()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(left.sandboxes.len(), 1);
+        assert!(store
+            .remove_from_run("o", "w", "a", &["s2".into()])
+            .unwrap()
+            .is_none());
+        assert!(store.run("o", "w", "a").unwrap().is_none());
+        assert!(store.run("o2", "w", "a").unwrap().is_some());
+        assert!(store
+            .remove_from_run("o", "w", "zz", &[])
+            .unwrap()
+            .is_none());
     }
 }

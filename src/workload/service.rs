@@ -15,7 +15,8 @@ use crate::bundle::Limits;
 use crate::cache::{BundleCache, CachedBundle};
 use crate::fsutil;
 use crate::store::{
-    BlobStore, MetadataStore, RedbStore, RevisionRecord, StoreError, WorkloadRecord, WorkloadStatus,
+    BlobStore, MetadataStore, RedbStore, RevisionRecord, RunStore, StoreError, WorkloadRecord,
+    WorkloadStatus,
 };
 
 /// Tunables of the workload service.
@@ -59,6 +60,8 @@ pub struct WorkloadService {
 #[derive(Debug)]
 pub(super) struct Inner {
     pub(super) store: Arc<dyn MetadataStore>,
+    /// The delivery run registry, in the same database.
+    pub(super) runs: Arc<dyn RunStore>,
     pub(super) blobs: BlobStore,
     pub(super) cache: Arc<BundleCache>,
     pub(super) settings: WorkloadSettings,
@@ -110,13 +113,14 @@ impl WorkloadService {
         blocking(move || {
             let store_dir = data_dir.join("store");
             fsutil::ensure_dir(&store_dir, 0o700)?;
-            let store = RedbStore::open(&store_dir.join("meta.redb"))?;
+            let store = Arc::new(RedbStore::open(&store_dir.join("meta.redb"))?);
             let blobs = BlobStore::open(&data_dir.join("blobs"))?;
             let spool_dir = data_dir.join("tmp");
             fsutil::ensure_dir(&spool_dir, 0o700)?;
             let service = Self {
                 inner: Arc::new(Inner {
-                    store: Arc::new(store),
+                    store: store.clone(),
+                    runs: store,
                     blobs,
                     cache,
                     settings,
@@ -139,6 +143,12 @@ impl WorkloadService {
     /// The service's metrics (register them on the process registry).
     pub fn metrics(&self) -> &WorkloadMetrics {
         &self.inner.metrics
+    }
+
+    /// The delivery run registry, kept in the workload database (one file,
+    /// one writer) for the delivery service.
+    pub fn run_store(&self) -> Arc<dyn RunStore> {
+        self.inner.runs.clone()
     }
 
     /// The bundle cache.
