@@ -447,7 +447,14 @@ mod tests {
 
     #[test]
     fn root_rule() {
-        for ok in ["/a", "/workspace/.context", "/a-b/c_d/E.9", "a", ".context", "w/.context"] {
+        for ok in [
+            "/a",
+            "/workspace/.context",
+            "/a-b/c_d/E.9",
+            "a",
+            ".context",
+            "w/.context",
+        ] {
             assert!(is_valid_root(ok), "{ok}");
         }
         for bad in [

@@ -15,12 +15,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::delivery::{ExecError, ExecSession, ExecTarget, SandboxExec};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::AttachParams;
 use kube::{Api, Client};
+
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -308,6 +310,31 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for EndsWith<T> {
 
 fn exec_ended() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the exec has ended")
+}
+
+#[async_trait::async_trait]
+impl SandboxExec for KubeExec {
+    async fn exec(&self, target: &ExecTarget, argv: &[String]) -> Result<ExecSession, ExecError> {
+        // agent-sandbox names the pod after the Sandbox unless it says otherwise.
+        let pod = target.pod.as_deref().unwrap_or(&target.sandbox);
+        let session = self.start(pod, argv).await.map_err(|error| match error {
+            KubeExecError::PodNotFound(_) => ExecError::NotFound(target.sandbox.clone()),
+            other => ExecError::transport(format!("exec in pod {pod}"), other),
+        })?;
+        let sandbox = target.sandbox.clone();
+        let done = async move {
+            session
+                .done
+                .await
+                .map_err(|error| ExecError::transport(format!("exec in sandbox {sandbox}"), error))
+        }
+        .boxed();
+        Ok(ExecSession {
+            stdin: session.stdin,
+            stdout: session.stdout,
+            done,
+        })
+    }
 }
 
 /// Reads `reader` to its end and keeps the last `keep` bytes.
