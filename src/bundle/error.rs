@@ -102,6 +102,17 @@ pub enum BundleError {
         /// The limit.
         limit: usize,
     },
+    /// A path component longer than Linux `NAME_MAX` (255 bytes): no
+    /// sandbox could extract it.
+    #[error("path {entry:?} has a {len}-byte component, over the {limit}-byte limit")]
+    NameTooLong {
+        /// The path (possibly shortened for display).
+        entry: String,
+        /// The length of the first over-long component, in bytes.
+        len: usize,
+        /// The limit (255).
+        limit: usize,
+    },
     /// A path deeper than the limit.
     #[error("path {entry:?} is {depth} levels deep, over the limit of {limit}")]
     PathTooDeep {
@@ -287,6 +298,7 @@ impl BundleError {
             BundleError::TooManyEntries { .. } => "too_many_entries",
             BundleError::FileTooLarge { .. } => "file_too_large",
             BundleError::PathTooLong { .. } => "path_too_long",
+            BundleError::NameTooLong { .. } => "name_too_long",
             BundleError::PathTooDeep { .. } => "path_too_deep",
             BundleError::AbsolutePath { .. } => "absolute_path",
             BundleError::PathTraversal { .. } => "path_traversal",
@@ -326,6 +338,7 @@ impl BundleError {
             BundleError::TooManyEntries { entry, .. }
             | BundleError::FileTooLarge { entry, .. }
             | BundleError::PathTooLong { entry, .. }
+            | BundleError::NameTooLong { entry, .. }
             | BundleError::PathTooDeep { entry, .. }
             | BundleError::AbsolutePath { entry }
             | BundleError::PathTraversal { entry }

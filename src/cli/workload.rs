@@ -1,4 +1,4 @@
-//! `contextctl workload create|upload|activate|get|ls|download|rm`.
+//! `contextctl workload create|upload|activate|get|ls|download|rm|deliver|release|deliveries`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{print_json, ConnectionArgs, OutputFormat};
 use crate::bundle::{self, CanonicalOptions, Limits};
-use crate::client::Client;
+use crate::client::deliveries::DeliverBody;
+use crate::client::{Client, ClientError};
+use crate::delivery::{RunView, SandboxOutcome, Verify};
 use crate::workload::WorkloadView;
 
 /// `contextctl workload ...`.
@@ -68,6 +70,55 @@ enum WorkloadCommand {
         /// The workload.
         name: String,
     },
+    /// Deliver the active revision into a sandbox, or into every ready
+    /// sandbox of one of your pools, as a run.
+    Deliver {
+        /// The workload.
+        name: String,
+        /// The sandbox.
+        #[arg(long, conflicts_with = "pool", required_unless_present = "pool")]
+        sandbox: Option<String>,
+        /// The pool (every ready sandbox of it).
+        #[arg(long)]
+        pool: Option<String>,
+        /// The run id: lowercase letters, digits, '.', '_' and '-', at most 63.
+        #[arg(long)]
+        run: String,
+        /// How a revision already in the sandbox is verified.
+        #[arg(long, value_enum)]
+        verify: Option<VerifyArg>,
+    },
+    /// Release a run in every sandbox it reached.
+    Release {
+        /// The workload.
+        name: String,
+        /// The run id.
+        #[arg(long)]
+        run: String,
+    },
+    /// List the live runs of a workload and where they are.
+    Deliveries {
+        /// The workload.
+        name: String,
+    },
+}
+
+/// `--verify` of `workload deliver`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum VerifyArg {
+    /// Paths, kinds, modes and sizes (no file is read).
+    Default,
+    /// Also the sha256 of every file.
+    Full,
+}
+
+impl From<VerifyArg> for Verify {
+    fn from(v: VerifyArg) -> Self {
+        match v {
+            VerifyArg::Default => Verify::Default,
+            VerifyArg::Full => Verify::Full,
+        }
+    }
 }
 
 /// Runs `contextctl workload`.
@@ -166,8 +217,83 @@ pub async fn run(
                 OutputFormat::Text => println!("deleted {name}"),
             }
         }
+        WorkloadCommand::Deliver {
+            name,
+            sandbox,
+            pool,
+            run,
+            verify,
+        } => {
+            let body = DeliverBody {
+                run_id: run,
+                sandbox,
+                pool,
+                verify: verify.map(Verify::from),
+            };
+            match client.deliver(&name, &body).await {
+                Ok(delivered) => match output {
+                    OutputFormat::Json => print_json(&delivered)?,
+                    OutputFormat::Text => print_outcomes(&delivered.deliveries),
+                },
+                Err(ClientError::DeliveryFailed { body }) => {
+                    // Every sandbox's outcome on stdout; the reason on stderr.
+                    match output {
+                        OutputFormat::Json => print_json(&body)?,
+                        OutputFormat::Text => print_outcomes(&body.deliveries),
+                    }
+                    return Err(ClientError::DeliveryFailed { body }.into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        WorkloadCommand::Release { name, run } => {
+            client.release(&name, &run).await?;
+            match output {
+                OutputFormat::Json => {
+                    print_json(&serde_json::json!({"runId": run, "released": true}))?
+                }
+                OutputFormat::Text => println!("released {run}"),
+            }
+        }
+        WorkloadCommand::Deliveries { name } => {
+            let runs = client.deliveries(&name).await?;
+            match output {
+                OutputFormat::Json => print_json(&serde_json::json!({ "deliveries": runs }))?,
+                OutputFormat::Text => print_runs(&runs),
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line per sandbox: what happened there.
+fn print_outcomes(outcomes: &[SandboxOutcome]) {
+    println!(
+        "{:<40} {:<7} {:>12} {:>8}  PATH / ERROR",
+        "SANDBOX", "RESULT", "BYTES", "MS"
+    );
+    for o in outcomes {
+        let (result, detail) = match (&o.error, o.cached, &o.path) {
+            (Some(e), _, _) => ("failed", e.clone()),
+            (None, Some(true), Some(p)) => ("cached", p.clone()),
+            (None, _, p) => ("sent", p.clone().unwrap_or_default()),
+        };
+        println!(
+            "{:<40} {:<7} {:>12} {:>8}  {detail}",
+            o.sandbox, result, o.bytes_sent, o.duration_ms
+        );
+    }
+}
+
+/// One line per run and sandbox.
+fn print_runs(runs: &[RunView]) {
+    println!("{:<24} {:<14} {:<40} PATH", "RUN", "REVISION", "SANDBOX");
+    for r in runs {
+        let rev = &r.revision[..r.revision.len().min(12)];
+        for s in &r.sandboxes {
+            println!("{:<24} {:<14} {:<40} {}", r.run_id, rev, s.sandbox, s.path);
+        }
+    }
 }
 
 /// A byte progress bar on stderr, hidden unless stderr is a terminal and

@@ -15,6 +15,7 @@ digest=@BUNDLE_DIGEST@
 size=@BUNDLE_BYTES@
 inflated=@INFLATED_BYTES@
 inflated_cap=@INFLATED_CAP@
+min_space=@MIN_SPACE@
 entries=@ENTRIES@
 verify=@VERIFY@
 
@@ -33,14 +34,26 @@ fail() {
 	exit 1
 }
 
-# fail_io STDERR WHAT: a failed write, classified by the tool's message.
+# free_bytes: bytes available to this user on the root's filesystem.
+free_bytes() {
+	_fs=$(stat -f -c '%a %S' "$root" 2>/dev/null) || return 1
+	set -- $_fs
+	[ $# -eq 2 ] || return 1
+	printf '%s\n' $(($1 * $2))
+}
+
+# fail_io STDERR WHAT: a failed write, classified by the tool's message or,
+# since busybox may say only "I/O error", by the space left.
 fail_io() {
 	printf 'context delivery: %s: %s\n' "$2" "$1" >&2
 	case $1 in
-	*"No space left"* | *"quota exceeded"* | *"Quota exceeded"*)
+	*"No space left"* | *"uota exceeded"*)
 		fail disk_full "no space left on device while $2" ;;
-	*) fail write_failed "$2 failed" ;;
 	esac
+	if _free=$(free_bytes) && [ "$_free" -lt 1048576 ]; then
+		fail disk_full "no space left on device while $2"
+	fi
+	fail write_failed "$2 failed"
 }
 
 # Read-only trees cannot be removed until they are writable again; a
@@ -218,6 +231,11 @@ fi
 if [ "$cached" = true ]; then
 	printf 'NEED 0\n'
 else
+	# The bundle and its tar sit side by side for a while: refuse early,
+	# before any byte is sent, when that cannot fit.
+	if free=$(free_bytes) && [ "$free" -lt "$min_space" ]; then
+		fail disk_full "the delivery needs at least $min_space bytes, $free are available under $root"
+	fi
 	printf 'NEED %s\n' "$size"
 	staging=$root/cache/.staging.$$
 	mkdir "$staging" "$staging/tree" || fail write_failed "cannot create the staging dir"
@@ -254,6 +272,8 @@ else
 		fail_io "$err" "extracting the bundle"
 	rm -f "$staging/bundle.tar"
 
+	# Read-only first: the manifest records the modes the runs will see.
+	chmod -R a-w "$staging/tree" || fail write_failed "cannot make the tree read-only"
 	lay=$(scan layout "$staging/tree" "$staging/count") ||
 		fail write_failed "cannot record the manifest"
 	read -r n <"$staging/count" || fail write_failed "cannot record the manifest"
@@ -265,7 +285,8 @@ else
 	con=$(scan content "$staging/tree") || fail write_failed "cannot record the manifest"
 	err=$({ printf '%s\n' "$lay" >"$staging/layout" && printf '%s\n' "$con" >"$staging/content"; } 2>&1) ||
 		fail_io "$err" "writing the manifest"
-	chmod -R a-w "$staging" || fail write_failed "cannot make the tree read-only"
+	chmod a-w "$staging" "$staging/layout" "$staging/content" ||
+		fail write_failed "cannot make the cache dir read-only"
 	if [ -e "$cdir" ] || [ -L "$cdir" ]; then
 		fail write_failed "$cdir appeared while the lock was held"
 	fi

@@ -22,8 +22,8 @@ pub const DEFAULT_ROOT: &str = "/workspace/.context";
 const MAX_ROOT_BYTES: usize = 1024;
 
 /// Largest size or count the scripts accept: shell arithmetic and `test`
-/// use signed 64-bit integers, and the script compares `inflated + 1`.
-const MAX_SHELL_INT: u64 = i64::MAX as u64 - 1;
+/// use signed 64-bit integers, and sums of two such values must fit.
+const MAX_SHELL_INT: u64 = 1 << 62;
 
 /// Every `ERROR` code the scripts print, for metrics labels and docs.
 /// [`parse_line`] also accepts codes not listed here (any `[a-z_]+`), so
@@ -242,8 +242,8 @@ const SCOPE_RULE: &str = "must be 32 lowercase hex digits";
 const WORKLOAD_RULE: &str = "must be a lowercase DNS label of at most 50 characters";
 const RUN_ID_RULE: &str = "must match ^[a-z0-9][a-z0-9._-]{0,62}$";
 const DIGEST_RULE: &str = "must be 64 lowercase hex digits";
-const SIZE_RULE: &str = "must be between 1 and 2^63 - 2";
-const COUNT_RULE: &str = "must be at most 2^63 - 2";
+const SIZE_RULE: &str = "must be between 1 and 2^62";
+const COUNT_RULE: &str = "must be at most 2^62";
 
 /// The checks both scripts share.
 fn check_run(root: &str, scope: &str, workload: &str, run_id: &str) -> Result<(), ScriptError> {
@@ -316,6 +316,11 @@ pub fn render_deliver(req: &DeliverRequest) -> Result<String, ScriptError> {
             ("INFLATED_BYTES", req.inflated_bytes.to_string()),
             // One byte past the recorded size, so an overrun is visible.
             ("INFLATED_CAP", (req.inflated_bytes + 1).to_string()),
+            // The bundle and its tar coexist on disk for a while.
+            (
+                "MIN_SPACE",
+                (req.bundle_bytes + req.inflated_bytes).to_string(),
+            ),
             ("ENTRIES", req.entries.to_string()),
             ("VERIFY", req.verify.as_script_word().to_owned()),
         ],

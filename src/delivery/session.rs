@@ -116,6 +116,17 @@ async fn finish(session: ExecSession) -> Result<(), Failure> {
     }
 }
 
+/// A script's `ERROR` line, once the script has ended: it cleans up (its
+/// staging dir) after printing, and dropping the session would kill it.
+async fn script_error(session: ExecSession, code: String, reason: String) -> Failure {
+    let ExecSession { stdin, done, .. } = session;
+    drop(stdin);
+    if let Err(e) = done.await {
+        tracing::debug!(error = %e, "the failed script's end was not observed");
+    }
+    Failure::Script { code, reason }
+}
+
 /// The end of a script that printed no final line.
 async fn no_output(session: ExecSession, after: &str) -> Failure {
     match session.done.await {
@@ -185,7 +196,7 @@ pub(super) async fn deliver(
                 bytes_sent,
             })
         }
-        Some(ScriptLine::Error { code, reason }) => Err(Failure::Script { code, reason }),
+        Some(ScriptLine::Error { code, reason }) => Err(script_error(session, code, reason).await),
         Some(other) => Err(Failure::Protocol(format!(
             "expected the result line, got {other:?}"
         ))),
@@ -209,7 +220,7 @@ pub(super) async fn release(
             finish(session).await?;
             Ok(released)
         }
-        Some(ScriptLine::Error { code, reason }) => Err(Failure::Script { code, reason }),
+        Some(ScriptLine::Error { code, reason }) => Err(script_error(session, code, reason).await),
         Some(other) => Err(Failure::Protocol(format!(
             "expected the release result, got {other:?}"
         ))),

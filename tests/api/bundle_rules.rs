@@ -363,6 +363,40 @@ fn path_too_long() {
 }
 
 #[test]
+fn name_too_long() {
+    // 256 bytes in one component: no sandbox could create it (NAME_MAX).
+    let long = format!("d/{}/f", "n".repeat(256));
+    let tar = TarBuf::new()
+        .pax(&[("path", long.as_bytes())])
+        .file("placeholder", b"x")
+        .finish();
+    let e = reject_tar(tar);
+    assert_rejected(&e, "name_too_long", Some(long.as_str()));
+    assert!(!e.is_too_large());
+    assert_eq!(
+        e.to_string(),
+        format!("path {long:?} has a 256-byte component, over the 255-byte limit")
+    );
+    // Exactly 255 bytes is fine, also for directory packing.
+    let ok = format!("d/{}/f", "n".repeat(255));
+    let tar = TarBuf::new()
+        .pax(&[("path", ok.as_bytes())])
+        .file("placeholder", b"x")
+        .finish();
+    assert_eq!(ok_tar(tar).files, 1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("n".repeat(255)), b"x").expect("write");
+    let r = bundle::pack_dir(
+        dir.path(),
+        &Limits::default(),
+        &CanonicalOptions::default(),
+        io::sink(),
+    )
+    .expect("packed");
+    assert_eq!(r.files, 1);
+}
+
+#[test]
 fn gnu_long_name_longer_than_the_path_limit() {
     let name = vec![b'a'; 5000];
     let h = raw_header(b"././@LongLink", b'L', name.len() as u64);

@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use context_service::app::BuildOptions;
 use context_service::auth::dev::DevIssuer;
 use context_service::auth::{Scope, TokenPolicy};
 use context_service::client::Client;
@@ -35,6 +36,7 @@ pub struct TestServer {
     /// The data dir (kept alive by `_dir` when the server owns it).
     pub data_dir: PathBuf,
     config: ServeConfig,
+    options: BuildOptions,
     _dir: Option<tempfile::TempDir>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
@@ -54,12 +56,34 @@ impl TestServer {
         server
     }
 
+    /// Starts a server on a fresh data dir with `options` (e.g. a wrapped
+    /// exec port) after `adjust` changes settings.
+    pub async fn start_with_options(
+        adjust: impl FnOnce(&mut ServeConfig),
+        options: BuildOptions,
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut server = Self::start_in_with(dir.path(), adjust, options).await;
+        server._dir = Some(dir);
+        server
+    }
+
     /// Starts a server on an existing data dir (e.g. to test a restart).
     pub async fn start_in(data_dir: &Path, adjust: impl FnOnce(&mut ServeConfig)) -> Self {
+        Self::start_in_with(data_dir, adjust, BuildOptions::default()).await
+    }
+
+    async fn start_in_with(
+        data_dir: &Path,
+        adjust: impl FnOnce(&mut ServeConfig),
+        options: BuildOptions,
+    ) -> Self {
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("addr");
         let mut config = ServeConfig::with_defaults(data_dir.to_owned(), listen);
         adjust(&mut config);
-        let server = Server::bind(&config).await.expect("server starts");
+        let server = Server::bind_with(&config, &options)
+            .await
+            .expect("server starts");
         let addr = server.local_addr().expect("local addr");
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
@@ -69,6 +93,7 @@ impl TestServer {
             base: format!("http://{addr}"),
             data_dir: data_dir.to_owned(),
             config,
+            options,
             _dir: None,
             shutdown: Some(tx),
             task: Some(task),
@@ -95,11 +120,19 @@ impl TestServer {
         }
     }
 
-    /// Stops this server and starts a new one on the same data dir.
+    /// Stops this server and starts a new one on the same data dir, with
+    /// the same settings and options (on a new port).
     pub async fn restart(mut self) -> Self {
         self.stop().await;
         let dir = self._dir.take();
-        let mut next = Self::start_in(&self.data_dir.clone(), |_| {}).await;
+        let config = self.config.clone();
+        let keep = move |c: &mut ServeConfig| {
+            let listen = c.listen;
+            *c = config;
+            c.listen = listen;
+        };
+        let mut next =
+            Self::start_in_with(&self.data_dir.clone(), keep, self.options.clone()).await;
         next._dir = dir;
         next
     }

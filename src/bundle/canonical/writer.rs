@@ -354,6 +354,36 @@ fn header_for(name: &str, entry_type: tar::EntryType, mode: u32, size: u64) -> (
     (header, needs_pax)
 }
 
+/// Name of the PAX extended header. The tar crate's
+/// `append_pax_extensions` leaves it empty, and busybox tar takes a header
+/// with an empty name for an end-of-archive block (then fails on the
+/// records); Python's fixed name is short and understood everywhere.
+const PAX_HEADER_NAME: &str = "././@PaxHeader";
+
+/// The PAX extended header and its one `path` record for `name`.
+fn pax_path_header(name: &str) -> (tar::Header, Vec<u8>) {
+    // A record is "<len> path=<name>\n" where <len> counts its own digits.
+    let rest = " path=".len() + name.len() + 1;
+    let mut len = rest + 1;
+    while len != rest + len.to_string().len() {
+        len = rest + len.to_string().len();
+    }
+    let mut records = format!("{len} path=").into_bytes();
+    records.extend_from_slice(name.as_bytes());
+    records.push(b'\n');
+    let mut header = tar::Header::new_ustar();
+    let fixed = header.set_path(PAX_HEADER_NAME);
+    debug_assert!(fixed.is_ok(), "the PAX header name fits ustar");
+    header.set_entry_type(tar::EntryType::XHeader);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_size(records.len() as u64);
+    header.set_cksum();
+    (header, records)
+}
+
 impl<W: Write> CanonicalTar<W> {
     pub(crate) fn new(w: W) -> Self {
         Self {
@@ -377,8 +407,8 @@ impl<W: Write> CanonicalTar<W> {
     ) -> io::Result<()> {
         let (header, needs_pax) = header_for(name, ty, mode, size);
         if needs_pax {
-            self.builder
-                .append_pax_extensions([("path", name.as_bytes())])?;
+            let (pax, records) = pax_path_header(name);
+            self.builder.append(&pax, records.as_slice())?;
         }
         self.builder.get_mut().write_all(header.as_bytes())?;
         self.entries += 1;
