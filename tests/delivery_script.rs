@@ -365,12 +365,9 @@ impl Run {
     }
 }
 
-/// Runs `script` as `sh -c` in `cwd`. On `NEED n` (n > 0) writes `payload`
-/// from another thread while stdout is read; stdin then stays open until
-/// the script has exited, unless `close_after` (a transport that ends
-/// early).
-fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bool) -> Run {
-    let start = Instant::now();
+/// `sh -c script` in `cwd` with the shell's PATH only, in its own process
+/// group, as the sandbox user when the tests run as root.
+fn command(shell: &Shell, script: &str, cwd: &Path) -> Command {
     let mut cmd = Command::new(&shell.sh);
     cmd.arg("-c")
         .arg(script)
@@ -384,6 +381,16 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
     if is_root() {
         cmd.uid(SANDBOX_UID).gid(0);
     }
+    cmd
+}
+
+/// Runs `script` as `sh -c` in `cwd`. On `NEED n` (n > 0) writes `payload`
+/// from another thread while stdout is read; stdin then stays open until
+/// the script has exited, unless `close_after` (a transport that ends
+/// early).
+fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bool) -> Run {
+    let start = Instant::now();
+    let mut cmd = command(shell, script, cwd);
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("{}: {e}", shell.name));
@@ -508,6 +515,7 @@ both_shells!(
     long_pax_paths,
     many_files_verify_on_hit,
     stale_staging_is_removed,
+    killed_mid_transfer,
     run_conflict_and_retry,
     relative_root,
 );
@@ -1028,6 +1036,10 @@ fn long_pax_paths(sh: &Shell) {
     let p3 = format!("x/{max}");
     let b = bundle(&[(&p1, b"one"), (&p2, b"two"), (&p3, b"three")]);
     assert!(p2.len() > 100 && p3.len() > 255);
+    // The service's own reader takes the canonical PAX headers back.
+    let again = context_service::bundle::inspect(b.bytes.as_slice(), &Limits::default())
+        .expect("canonical bundle re-inspects");
+    assert_eq!(again.revision, b.report.revision);
     let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
     let (path, _) = deliver(sh, &sb, &req, &b.bytes).done();
     let view = Path::new(&path);
@@ -1102,6 +1114,49 @@ fn stale_staging_is_removed(sh: &Shell) {
     );
     assert!(run.done().1);
     sb.assert_no_staging();
+}
+
+/// The shell and everything it started die mid-transfer (SIGKILL: no trap
+/// runs). The lock dies with them, and the next delivery removes the
+/// staging dir that was left and delivers normally.
+fn killed_mid_transfer(sh: &Shell) {
+    let sb = Sandbox::new();
+    let b = bundle(&[("big.bin", &noise(1 << 20, 5))]);
+    let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
+    let mut child = command(sh, &render_deliver(&req).unwrap(), sb.dir.path())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("read NEED");
+    assert_eq!(
+        parse_line(&first),
+        Ok(ScriptLine::Need(b.report.bundle_bytes))
+    );
+    stdin
+        .write_all(&b.bytes[..b.bytes.len() / 2])
+        .expect("write half");
+    let staging = sb.root.join(format!("cache/.staging.{}", child.id()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !staging.join("bundle.gz").exists() {
+        assert!(Instant::now() < deadline, "the staging dir never appeared");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let killed = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    child.wait().expect("wait");
+    drop(stdin);
+    assert!(staging.exists(), "SIGKILL leaves the staging dir");
+
+    let run = deliver(sh, &sb, &req, &b.bytes);
+    assert!(!run.done().1);
+    sb.assert_no_staging();
+    assert_eq!(sb.cache_entries().len(), 1);
 }
 
 fn run_conflict_and_retry(sh: &Shell) {

@@ -8,7 +8,9 @@
 //! The gateway renders [`render_deliver`], runs it with the bundle bytes
 //! *available* on stdin, and reads stdout line by line while it writes:
 //!
-//! 1. The script prints `NEED <n>` (or `ERROR …`). On a verified cache hit
+//! 1. The script prints `NEED <n>` (or `ERROR …`, e.g. `disk_full` when the
+//!    filesystem cannot hold the bundle and its tar, before any byte is
+//!    sent). On a verified cache hit
 //!    `n` is 0 and the script never reads stdin; otherwise the gateway
 //!    writes exactly `n` bytes (the whole bundle) and must not rely on
 //!    closing stdin: the script reads exactly `n` bytes with `head -c`,
@@ -58,8 +60,10 @@
 //! `sh`, `head`, `sha256sum`, `gzip`, `tar`, `flock`, `mkdir`, `mv`, `rm`,
 //! `chmod`, plus two more that exist in both GNU coreutils and busybox:
 //! `stat` (`-c '%f %s'`: file sizes and modes for the manifest and the
-//! received byte count; POSIX sh has no other way to learn a file's size
-//! without reading it) and `ln` (`-s`: the run's view). The deliver script
+//! received byte count, since POSIX sh cannot learn a file's size without
+//! reading it; `-f -c '%a %S'`: free space, for the early `disk_full` and
+//! because busybox may report a full disk only as "I/O error") and `ln`
+//! (`-s`: the run's view). The deliver script
 //! checks for all of them first and fails with `missing_tool`. GNU `tar`
 //! is detected at run time (`--no-same-owner --no-same-permissions`); any
 //! other `tar` (busybox) gets `-o --no-same-permissions`.

@@ -446,6 +446,27 @@ mod tests {
     }
 
     #[test]
+    fn every_error_code_is_listed() {
+        let mut printed: Vec<&str> = [DELIVER_TEMPLATE, RELEASE_TEMPLATE]
+            .iter()
+            .flat_map(|t| t.split("fail ").skip(1))
+            .filter_map(|rest| rest.split([' ', '"']).next())
+            .filter(|code| {
+                !code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            })
+            .collect();
+        printed.sort_unstable();
+        printed.dedup();
+        assert!(printed.len() >= 12, "{printed:?}");
+        for code in &printed {
+            assert!(ERROR_CODES.contains(code), "{code} is not in ERROR_CODES");
+        }
+        for code in ERROR_CODES {
+            assert!(printed.contains(code), "{code} is never printed");
+        }
+    }
+
+    #[test]
     fn quoting_survives_a_quote() {
         assert_eq!(sh_quote("a'b"), r"'a'\''b'");
     }

@@ -365,7 +365,7 @@ fn path_too_long() {
 #[test]
 fn name_too_long() {
     // 256 bytes in one component: no sandbox could create it (NAME_MAX).
-    let long = format!("d/{}/f", "n".repeat(256));
+    let long = "n".repeat(256);
     let tar = TarBuf::new()
         .pax(&[("path", long.as_bytes())])
         .file("placeholder", b"x")
