@@ -92,8 +92,11 @@ pub fn start(client: &Client, namespace: &str) -> (Caches, Watchers) {
 /// and the managed caches do not hold). Dropping this stops them.
 #[derive(Default)]
 pub struct SelectorWatches {
-    stores: std::sync::Mutex<std::collections::HashMap<String, (Store<Sandbox>, JoinHandle<()>)>>,
+    stores: std::sync::Mutex<SelectedStores>,
 }
+
+/// Selector → its store and the reflector task feeding it.
+type SelectedStores = std::collections::HashMap<String, (Store<Sandbox>, JoinHandle<()>)>;
 
 impl SelectorWatches {
     /// The cache of the Sandboxes in `namespace` matching `selector`,

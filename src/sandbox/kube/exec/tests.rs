@@ -58,6 +58,8 @@ async fn fake_endpoint(missing: Option<&'static str>, script: Script) -> (Client
             let script = script.clone();
             tokio::spawn(async move {
                 let uris = seen.uris.clone();
+                // The handshake callback's signature is tungstenite's.
+                #[allow(clippy::result_large_err)]
                 let callback = move |request: &WsRequest, mut response: WsResponse| {
                     let uri = request.uri().to_string();
                     uris.lock().expect("uris").push(uri.clone());
