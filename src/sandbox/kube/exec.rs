@@ -15,18 +15,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::delivery::{ExecError, ExecSession, ExecTarget, SandboxExec};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::AttachParams;
 use kube::{Api, Client};
-
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::delivery::{ExecError, ExecSession, ExecTarget, SandboxExec};
 
 /// Size of the stdin pipe between the caller and the WebSocket task: the
 /// caller's writes complete as soon as they fit, so one delivery buffer of
