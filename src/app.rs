@@ -138,6 +138,10 @@ fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
                 .filter(|account| !account.is_empty());
             settings.claim_ttl = config.claim_ttl;
             settings.claim_pod_label = config.kube_claim_pod_label;
+            settings.delivery_container = config
+                .delivery_container
+                .clone()
+                .filter(|container| !container.is_empty());
             SandboxSettings::Kube(settings)
         }
     }

@@ -49,10 +49,14 @@ pub async fn open(settings: SandboxSettings) -> anyhow::Result<OpenedBackend> {
         SandboxSettings::Kube(settings) => {
             let backend = kube::KubeBackend::try_default(settings).await?;
             backend.start_watchers();
+            let exec = kube::exec::KubeExec::new(
+                backend.client().clone(),
+                &backend.settings().namespace,
+                backend.settings().delivery_container.clone(),
+            );
             Ok(OpenedBackend {
                 pools: Arc::new(backend),
-                // The kube exec port lands with the `deliver-kube` branch.
-                exec: None,
+                exec: Some(Arc::new(exec)),
             })
         }
     }

@@ -124,11 +124,20 @@ where
 
 /// The real service with the `kube` backend on namespace `ns`.
 pub async fn start_server(ns: &str) -> TestServer {
+    start_server_with(ns, |_| {}).await
+}
+
+/// [`start_server`] after `adjust` changes further settings.
+pub async fn start_server_with(
+    ns: &str,
+    adjust: impl FnOnce(&mut context_service::config::ServeConfig),
+) -> TestServer {
     let ns = ns.to_owned();
     TestServer::start_with(move |cfg| {
         cfg.backend = BackendKind::Kube;
         cfg.namespace = ns;
         cfg.kube_sandbox_image = Some(IMAGE.to_owned());
+        adjust(cfg);
     })
     .await
 }

@@ -10,4 +10,4 @@ testenv=tests/k8s/testenv.sh
 trap '"$testenv" down' EXIT
 "$testenv" up
 eval "$("$testenv" env)"
-cargo test --locked --features e2e --test k8s_e2e --test k8s_pools_e2e -- "$@"
+cargo test --locked --features e2e --test k8s_e2e --test k8s_pools_e2e --test k8s_delivery_e2e -- "$@"

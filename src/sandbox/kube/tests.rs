@@ -16,10 +16,11 @@ use tokio::sync::mpsc;
 use tower_test::mock;
 
 use super::{KubeBackend, KubeSettings};
+use crate::pool::model::Member;
 use crate::pool::model::{
     AccessMode, ContextPhase, ContextSpec, ContextType, PoolPhase, PoolSpec, Strategy,
 };
-use crate::pool::{BackendError, SandboxBackend};
+use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 const NS: &str = "pools";
 const OWNER: &str = "0123456789abcdef0123456789abcdef";
@@ -1168,4 +1169,62 @@ async fn settings_without_an_image_are_refused() {
         error.to_string(),
         "kube backend setting sandbox image must not be empty"
     );
+}
+
+#[tokio::test]
+async fn shared_sandboxes_come_from_a_cache_of_the_selector() {
+    let fake = FakeApi::default();
+    let sandbox = |name: &str, tier: &str, ready: &str| {
+        json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "metadata": {"name": name, "labels": {"tier": tier}},
+            "spec": {"podTemplate": {"spec": {"containers": []}}},
+            "status": {"conditions": [ready_condition(ready, "DependenciesReady", "")]},
+        })
+    };
+    let mut annotated = sandbox("shared-b", "shared", "True");
+    annotated["metadata"]["annotations"] = json!({"agents.x-k8s.io/pod-name": "shared-b-pod"});
+    fake.insert(NS, SANDBOXES, annotated);
+    fake.insert(NS, SANDBOXES, sandbox("shared-a", "shared", "False"));
+    fake.insert(NS, SANDBOXES, sandbox("private", "private", "True"));
+    let backend = fake.backend();
+    let selector: LabelSelector = "tier=shared".parse().expect("selector");
+
+    let members = backend.list_sandboxes(&selector).await.expect("list");
+    let expected = |a_ready: bool| {
+        vec![
+            Member {
+                name: "shared-a".into(),
+                pod: Some("shared-a".into()),
+                ready: a_ready,
+            },
+            Member {
+                name: "shared-b".into(),
+                pod: Some("shared-b-pod".into()),
+                ready: true,
+            },
+        ]
+    };
+    assert_eq!(members, expected(false));
+    assert_eq!(fake.lines(), ["LIST sandboxes"]);
+    assert!(fake
+        .requests()
+        .iter()
+        .all(|r| r.query.contains("labelSelector=tier%3Dshared")));
+
+    // Later reads come from the cache, which follows the watch.
+    fake.update(SANDBOXES, "shared-a", |sandbox| {
+        sandbox["status"] =
+            json!({"conditions": [ready_condition("True", "DependenciesReady", "")]});
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let members = backend.list_sandboxes(&selector).await.expect("list");
+        if members == expected(true) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{members:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(fake.lines(), ["LIST sandboxes"], "reads made API calls");
 }
