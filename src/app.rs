@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
-use crate::auth::{Authenticator, KeySet, OwnerScope, TokenPolicy};
+use crate::auth::{secret, Authenticator, KeySet, OwnerScope, TokenPolicy};
 use crate::bundle::Limits;
 use crate::config::{BackendKind, ServeConfig};
 use crate::fsutil;
@@ -151,10 +151,17 @@ fn build_authenticator(config: &ServeConfig) -> anyhow::Result<Authenticator> {
         }
     }
     if let Some(path) = &config.hs256_secret_file {
-        let secret = std::fs::read(path)
-            .with_context(|| format!("reading the HS256 secret {}", path.display()))?;
-        let trimmed = String::from_utf8_lossy(&secret).trim().as_bytes().to_vec();
-        keys.set_hs256_secret(&trimmed)?;
+        // One line naming the setting: this is what an operator sees when
+        // the service refuses to start.
+        let setting = || {
+            format!(
+                "--hs256-secret-file/CS_HS256_SECRET_FILE {}",
+                path.display()
+            )
+        };
+        let contents = std::fs::read(path).with_context(setting)?;
+        let secret = secret::parse_secret_file(&contents).with_context(setting)?;
+        keys.set_hs256_secret(&secret).with_context(setting)?;
     }
     Ok(Authenticator::new(keys, policy))
 }

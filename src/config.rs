@@ -45,7 +45,11 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_JWKS_FILE")]
     pub jwks_file: Option<PathBuf>,
 
-    /// File holding a shared secret (≥ 32 bytes) to also accept HS256 tokens.
+    /// File holding a shared secret to also accept HS256 tokens. Its bytes
+    /// are the secret exactly as stored, unless it starts with `base64:` or
+    /// `hex:` (then the rest, less one trailing newline, is decoded). The
+    /// secret must be ≥ 32 bytes with ≥ 8 distinct byte values, else the
+    /// service refuses to start.
     #[arg(long, env = "CS_HS256_SECRET_FILE")]
     pub hs256_secret_file: Option<PathBuf>,
 

@@ -42,9 +42,9 @@ pub enum KeyError {
         /// The cause.
         source: jsonwebtoken::errors::Error,
     },
-    /// The HS256 secret is too short to be safe.
-    #[error("the HS256 secret must be at least 32 bytes")]
-    WeakSecret,
+    /// The HS256 secret is malformed, too short or trivially guessable.
+    #[error(transparent)]
+    WeakSecret(#[from] super::secret::SecretError),
 }
 
 /// A key and the one algorithm it verifies.
@@ -146,11 +146,10 @@ impl KeySet {
         self.add_jwks(&jwks)
     }
 
-    /// Trusts HS256 tokens signed with `secret` (at least 32 bytes).
+    /// Trusts HS256 tokens signed with `secret`, used byte for byte; it
+    /// must pass [`super::secret::check_strength`] first.
     pub fn set_hs256_secret(&mut self, secret: &[u8]) -> Result<(), KeyError> {
-        if secret.len() < 32 {
-            return Err(KeyError::WeakSecret);
-        }
+        super::secret::check_strength(secret)?;
         self.hs256 = Some(VerifyingKey {
             key: DecodingKey::from_secret(secret).map_err(|source| KeyError::Invalid {
                 kid: "hs256".to_owned(),

@@ -9,6 +9,7 @@ mod error;
 mod keys;
 mod owner;
 mod principal;
+pub mod secret;
 
 pub use error::AuthError;
 pub use keys::{KeyError, KeySet, VerifyingKey};

@@ -213,7 +213,7 @@ fn hs256_works_only_when_configured() {
     let mut keys = KeySet::new();
     assert!(matches!(
         keys.set_hs256_secret(b"short"),
-        Err(KeyError::WeakSecret)
+        Err(KeyError::WeakSecret(secret::SecretError::TooShort(5)))
     ));
     keys.set_hs256_secret(secret).unwrap();
     let auth = Authenticator::new(keys, TokenPolicy::default());

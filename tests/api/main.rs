@@ -17,6 +17,7 @@ mod contextctl_bundle;
 mod contextctl_pools;
 mod contextctl_workload;
 mod contexts;
+mod hs256_secret;
 mod pools;
 mod service;
 mod workloads;
