@@ -14,7 +14,7 @@ use crate::fsutil;
 use crate::metrics::Metrics;
 use crate::pool::PoolService;
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
-use crate::workload::{WorkloadService, WorkloadSettings};
+use crate::workload::{UploadLimits, WorkloadService, WorkloadSettings};
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -118,6 +118,11 @@ impl ServeConfig {
                 file_bytes: self.bundle_max_file_bytes,
                 ..Limits::default()
             },
+            uploads: UploadLimits {
+                max_concurrent: self.upload_max_concurrent,
+                max_per_owner: self.upload_max_per_owner,
+            },
+            upload_temp_bytes: self.upload_temp_max_bytes,
         }
     }
 

@@ -114,6 +114,26 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_UPLOAD_GRANT_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
     pub upload_grant_ttl: std::time::Duration,
 
+    /// Most uploads processed at once in the whole service (1 to 256); more
+    /// are refused with `429 too_many_uploads` and `Retry-After`. Each
+    /// running upload holds a blocking thread, so this also bounds threads.
+    #[arg(long, env = "CS_UPLOAD_MAX_CONCURRENT", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=crate::workload::MAX_CONCURRENT_UPLOADS as i64))]
+    pub upload_max_concurrent: u32,
+
+    /// Most uploads processed at once per owner (grant uploads count for
+    /// the workload's owner); more are refused with `429 too_many_uploads`.
+    #[arg(long, env = "CS_UPLOAD_MAX_PER_OWNER", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub upload_max_per_owner: u32,
+
+    /// Temporary disk (spool and speculative gzip, under `<data-dir>/tmp`)
+    /// all running uploads may hold together, in bytes (4 GiB by default);
+    /// an upload that finds it used up is refused with
+    /// `503 temp_space_exhausted` and `Retry-After`.
+    #[arg(long, env = "CS_UPLOAD_TEMP_MAX_BYTES", default_value_t = crate::workload::DEFAULT_UPLOAD_TEMP_BYTES)]
+    pub upload_temp_max_bytes: u64,
+
     /// Byte budget of the in-memory bundle cache (512 MiB by default).
     #[arg(long, env = "CS_CACHE_BYTES", default_value_t = 512 * 1024 * 1024)]
     pub cache_bytes: u64,

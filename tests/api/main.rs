@@ -20,6 +20,7 @@ mod contexts;
 mod hs256_secret;
 mod pools;
 mod service;
+mod upload_limits;
 mod workloads;
 mod workloads_auth;
 mod workloads_recovery;
