@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
-use crate::auth::{secret, Authenticator, KeySet, OwnerScope, TokenPolicy};
+use crate::auth::{secret, Authenticator, KeySet, Owner, OwnerScope, TokenPolicy};
 use crate::bundle::Limits;
 use crate::config::{BackendKind, ServeConfig};
 use crate::fsutil;
@@ -178,6 +178,20 @@ async fn build_workloads(config: &ServeConfig) -> anyhow::Result<WorkloadService
         WorkloadService::open(&config.data_dir, config.workload_settings(), cache)
             .await
             .context("opening the workload store")?;
+    // Owners recorded before they had kinds were token subjects (or
+    // delegated ids sharing their namespace): they become subjects.
+    let migrated = service
+        .migrate_owners(Owner::legacy_key)
+        .await
+        .context("migrating stored owners")?;
+    if let Some(m) = migrated {
+        tracing::info!(
+            from_version = m.from_version,
+            workloads = m.workloads,
+            grants = m.grants,
+            "stored owners migrated to owners with kinds (sub:<sub>, user:<id>)"
+        );
+    }
     if report != Default::default() {
         tracing::warn!(
             temp_files_removed = report.temp_files_removed,

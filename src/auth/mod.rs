@@ -13,7 +13,7 @@ pub mod secret;
 
 pub use error::AuthError;
 pub use keys::{KeyError, KeySet, VerifyingKey};
-pub use owner::OwnerScope;
+pub use owner::{Owner, OwnerScope};
 pub use principal::{Principal, Scope};
 
 use std::collections::HashSet;

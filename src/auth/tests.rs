@@ -292,7 +292,12 @@ fn delegation_needs_the_delegate_scope() {
         .authenticate(&mint("delegate workloads:read"), Some("user:alice"))
         .unwrap();
     assert_eq!(p.subject(), "alice");
+    // The user alice, never a token subject of that name.
+    assert_eq!(p.owner(), &Owner::User("alice".into()));
+    assert_eq!(p.owner().key(), "user:alice");
     assert_eq!(p.delegated_by(), Some("moca"));
+    let direct = f.auth.authenticate(&mint("delegate"), None).unwrap();
+    assert_eq!(direct.owner(), &Owner::Subject("moca".into()));
     assert!(p.has(Scope::WorkloadsRead));
 
     let err = f

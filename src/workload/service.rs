@@ -16,7 +16,8 @@ use crate::bundle::{Limits, TempBudget};
 use crate::cache::{BundleCache, CachedBundle};
 use crate::fsutil;
 use crate::store::{
-    BlobStore, MetadataStore, RedbStore, RevisionRecord, StoreError, WorkloadRecord, WorkloadStatus,
+    BlobStore, MetadataStore, OwnerMigration, RedbStore, RevisionRecord, StoreError,
+    WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
 };
 
 /// Tunables of the workload service.
@@ -146,6 +147,18 @@ impl WorkloadService {
             Ok((service, report))
         })
         .await
+    }
+
+    /// Brings stored owners to the current schema (see
+    /// [`MetadataStore::migrate_owners`]): each owner recorded before
+    /// owners had kinds becomes `legacy(owner)`. Idempotent; `None` when
+    /// there was nothing to do. Run before serving.
+    pub async fn migrate_owners(
+        &self,
+        legacy: fn(&str) -> String,
+    ) -> Result<Option<OwnerMigration>, WorkloadError> {
+        let store = self.inner.store.clone();
+        blocking(move || Ok(store.migrate_owners(SCHEMA_OWNER_KINDS, &legacy)?)).await
     }
 
     /// The settings in force.

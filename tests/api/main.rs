@@ -18,6 +18,7 @@ mod contextctl_pools;
 mod contextctl_workload;
 mod contexts;
 mod hs256_secret;
+mod owners;
 mod pools;
 mod service;
 mod upload_limits;
