@@ -132,6 +132,7 @@ impl ServeConfig {
             issuer: self.token_issuer.clone(),
             audience: self.token_audience.clone(),
             leeway_secs: self.token_leeway_secs,
+            max_lifetime: self.token_max_lifetime,
         }
     }
 }

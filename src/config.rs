@@ -57,13 +57,20 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_TOKEN_ISSUER", default_value = "context-service")]
     pub token_issuer: String,
 
-    /// Required token audience (`aud`).
+    /// Required token audience: `aud` must equal it, or be an array that
+    /// contains it.
     #[arg(long, env = "CS_TOKEN_AUDIENCE", default_value = "context-service")]
     pub token_audience: String,
 
     /// Clock leeway for `exp`/`nbf`, in seconds (at most 60).
     #[arg(long, env = "CS_TOKEN_LEEWAY_SECS", default_value_t = 30)]
     pub token_leeway_secs: u64,
+
+    /// Longest token lifetime accepted (`exp - iat`), e.g. `1h`; tokens then
+    /// must carry `iat`. Unset: any lifetime. The development token is
+    /// minted no longer than this.
+    #[arg(long, env = "CS_TOKEN_MAX_LIFETIME", value_parser = humantime::parse_duration)]
+    pub token_max_lifetime: Option<std::time::Duration>,
 
     /// Log format.
     #[arg(long, env = "CS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use base64::Engine as _;
+
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm};
 use jsonwebtoken::{Algorithm, DecodingKey};
 
@@ -47,6 +49,19 @@ pub enum KeyError {
     WeakSecret(#[from] super::secret::SecretError),
 }
 
+/// Smallest RSA modulus accepted in a JWKS, in bits (NIST SP 800-131A).
+pub const MIN_RSA_BITS: usize = 2048;
+
+/// The size in bits of a JWK's base64url big-endian modulus `n`.
+pub(super) fn rsa_modulus_bits(n: &str) -> Option<usize> {
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(n.trim_end_matches('='))
+        .ok()?;
+    let first = bytes.iter().position(|b| *b != 0)?;
+    let top = bytes[first];
+    Some((bytes.len() - first - 1) * 8 + (8 - top.leading_zeros() as usize))
+}
+
 /// A key and the one algorithm it verifies.
 #[derive(Clone)]
 pub struct VerifyingKey {
@@ -85,7 +100,16 @@ impl VerifyingKey {
             AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
                 Algorithm::ES256
             }
-            AlgorithmParameters::RSA(_) => Algorithm::RS256,
+            AlgorithmParameters::RSA(p) => {
+                let bits = rsa_modulus_bits(&p.n)
+                    .ok_or_else(|| unsupported("its RSA modulus \"n\" is not base64url"))?;
+                if bits < MIN_RSA_BITS {
+                    return Err(unsupported(&format!(
+                        "its RSA modulus has {bits} bits; at least {MIN_RSA_BITS} are required"
+                    )));
+                }
+                Algorithm::RS256
+            }
             _ => {
                 return Err(unsupported(
                     "only Ed25519 (EdDSA), P-256 (ES256) and RSA (RS256) keys are accepted",

@@ -23,7 +23,7 @@ fn hs256_token(secret: &[u8], sub: &str) -> String {
     let claims = Claims {
         sub: sub.into(),
         iss: policy.issuer,
-        aud: policy.audience,
+        aud: policy.audience.into(),
         exp: now + 600,
         iat: Some(now),
         nbf: None,

@@ -21,6 +21,7 @@ mod hs256_secret;
 mod owners;
 mod pools;
 mod service;
+mod token_policy;
 mod upload_limits;
 mod workloads;
 mod workloads_auth;
