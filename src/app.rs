@@ -12,7 +12,7 @@ use crate::bundle::Limits;
 use crate::config::{BackendKind, ServeConfig};
 use crate::fsutil;
 use crate::metrics::Metrics;
-use crate::pool::PoolService;
+use crate::pool::{PoolQuotas, PoolService};
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
 use crate::workload::{UploadLimits, WorkloadService, WorkloadSettings};
 
@@ -62,7 +62,11 @@ impl AppState {
         let backend = sandbox::open(sandbox_settings(config))
             .await
             .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
-        let pools = Arc::new(PoolService::new(backend));
+        let quotas = PoolQuotas {
+            replicas: config.pool_replica_quota,
+            contexts: config.context_quota,
+        };
+        let pools = Arc::new(PoolService::with_quotas(backend, quotas));
         let workloads = build_workloads(config).await?;
         metrics.with_registry(|r| workloads.metrics().register(r));
         Ok(Self {

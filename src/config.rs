@@ -117,6 +117,16 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_WORKLOAD_QUOTA", default_value_t = 20)]
     pub workload_quota: usize,
 
+    /// Most sandbox replicas one owner's pools hold together; a create
+    /// past it answers `429 pool_quota_exceeded`. `0`: no quota.
+    #[arg(long, env = "CS_POOL_REPLICA_QUOTA", default_value_t = 100)]
+    pub pool_replica_quota: u32,
+
+    /// Most named contexts one owner holds, across namespaces; a create
+    /// past it answers `429 context_quota_exceeded`. `0`: no quota.
+    #[arg(long, env = "CS_CONTEXT_QUOTA", default_value_t = 20)]
+    pub context_quota: u32,
+
     /// Lifetime of a one-time upload grant, e.g. `5m`.
     #[arg(long, env = "CS_UPLOAD_GRANT_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
     pub upload_grant_ttl: std::time::Duration,

@@ -185,6 +185,16 @@ impl From<crate::pool::PoolError> for ApiError {
             PoolError::Invalid(message) => Self::invalid_request(message.clone()),
             PoolError::NotFound(_) => Self::not_found(err.to_string()),
             PoolError::AlreadyExists(_) => Self::already_exists(err.to_string()),
+            PoolError::PoolQuotaExceeded { .. } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "pool_quota_exceeded",
+                err.to_string(),
+            ),
+            PoolError::ContextQuotaExceeded(_) => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "context_quota_exceeded",
+                err.to_string(),
+            ),
             PoolError::NotReady(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_ready",

@@ -6,7 +6,8 @@
 //! - [`names`]: object names and labels every backend uses;
 //! - [`port`]: [`SandboxBackend`] and [`BackendError`], implemented by
 //!   `crate::sandbox`;
-//! - [`service`]: [`PoolService`]; [`error`]: its [`PoolError`];
+//! - [`service`]: [`PoolService`] (with per-owner quotas, `quota`);
+//!   [`error`]: its [`PoolError`];
 //! - [`view`]: the JSON shapes on the wire.
 
 pub mod error;
@@ -14,6 +15,7 @@ pub mod model;
 pub mod names;
 pub mod port;
 pub mod quantity;
+mod quota;
 pub mod service;
 pub mod validate;
 pub mod view;
@@ -24,4 +26,4 @@ pub use model::{
     PoolStatus, Strategy, WorkspaceView,
 };
 pub use port::{BackendError, SandboxBackend};
-pub use service::PoolService;
+pub use service::{PoolQuotas, PoolService};

@@ -20,6 +20,7 @@ mod contexts;
 mod hs256_secret;
 mod owners;
 mod pools;
+mod quotas;
 mod service;
 mod token_policy;
 mod upload_limits;
