@@ -7,15 +7,15 @@ use anyhow::Context as _;
 use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
-use crate::auth::{Authenticator, KeySet, OwnerScope, TokenPolicy};
+use crate::auth::{secret, Authenticator, KeySet, Owner, OwnerScope, TokenPolicy};
 use crate::bundle::Limits;
 use crate::config::{BackendKind, ServeConfig};
 use crate::delivery::{DeliveryDeps, DeliveryService, DeliverySettings, SandboxExec};
 use crate::fsutil;
 use crate::metrics::Metrics;
-use crate::pool::PoolService;
+use crate::pool::{PoolQuotas, PoolService};
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
-use crate::workload::{WorkloadService, WorkloadSettings};
+use crate::workload::{UploadLimits, WorkloadService, WorkloadSettings};
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -83,7 +83,11 @@ impl AppState {
         let backend = sandbox::open(sandbox_settings(config))
             .await
             .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
-        let pools = Arc::new(PoolService::new(backend.pools));
+        let quotas = PoolQuotas {
+            replicas: config.pool_replica_quota,
+            contexts: config.context_quota,
+        };
+        let pools = Arc::new(PoolService::with_quotas(backend.pools, quotas));
         let workloads = build_workloads(config).await?;
         metrics.with_registry(|r| workloads.metrics().register(r));
         let deliveries = match backend.exec {
@@ -163,6 +167,11 @@ impl ServeConfig {
                 file_bytes: self.bundle_max_file_bytes,
                 ..Limits::default()
             },
+            uploads: UploadLimits {
+                max_concurrent: self.upload_max_concurrent,
+                max_per_owner: self.upload_max_per_owner,
+            },
+            upload_temp_bytes: self.upload_temp_max_bytes,
         }
     }
 
@@ -196,6 +205,7 @@ impl ServeConfig {
             issuer: self.token_issuer.clone(),
             audience: self.token_audience.clone(),
             leeway_secs: self.token_leeway_secs,
+            max_lifetime: self.token_max_lifetime,
         }
     }
 
@@ -260,10 +270,17 @@ fn build_authenticator(config: &ServeConfig) -> anyhow::Result<Authenticator> {
         }
     }
     if let Some(path) = &config.hs256_secret_file {
-        let secret = std::fs::read(path)
-            .with_context(|| format!("reading the HS256 secret {}", path.display()))?;
-        let trimmed = String::from_utf8_lossy(&secret).trim().as_bytes().to_vec();
-        keys.set_hs256_secret(&trimmed)?;
+        // One line naming the setting: this is what an operator sees when
+        // the service refuses to start.
+        let setting = || {
+            format!(
+                "--hs256-secret-file/CS_HS256_SECRET_FILE {}",
+                path.display()
+            )
+        };
+        let contents = std::fs::read(path).with_context(setting)?;
+        let secret = secret::parse_secret_file(&contents).with_context(setting)?;
+        keys.set_hs256_secret(&secret).with_context(setting)?;
     }
     Ok(Authenticator::new(keys, policy))
 }
@@ -275,6 +292,20 @@ async fn build_workloads(config: &ServeConfig) -> anyhow::Result<WorkloadService
         WorkloadService::open(&config.data_dir, config.workload_settings(), cache)
             .await
             .context("opening the workload store")?;
+    // Owners recorded before they had kinds were token subjects (or
+    // delegated ids sharing their namespace): they become subjects.
+    let migrated = service
+        .migrate_owners(Owner::legacy_key)
+        .await
+        .context("migrating stored owners")?;
+    if let Some(m) = migrated {
+        tracing::info!(
+            from_version = m.from_version,
+            workloads = m.workloads,
+            grants = m.grants,
+            "stored owners migrated to owners with kinds (sub:<sub>, user:<id>)"
+        );
+    }
     if report != Default::default() {
         tracing::warn!(
             temp_files_removed = report.temp_files_removed,

@@ -51,7 +51,11 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_JWKS_FILE")]
     pub jwks_file: Option<PathBuf>,
 
-    /// File holding a shared secret (≥ 32 bytes) to also accept HS256 tokens.
+    /// File holding a shared secret to also accept HS256 tokens. Its bytes
+    /// are the secret exactly as stored, unless it starts with `base64:` or
+    /// `hex:` (then the rest, less one trailing newline, is decoded). The
+    /// secret must be ≥ 32 bytes with ≥ 8 distinct byte values, else the
+    /// service refuses to start.
     #[arg(long, env = "CS_HS256_SECRET_FILE")]
     pub hs256_secret_file: Option<PathBuf>,
 
@@ -59,13 +63,20 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_TOKEN_ISSUER", default_value = "context-service")]
     pub token_issuer: String,
 
-    /// Required token audience (`aud`).
+    /// Required token audience: `aud` must equal it, or be an array that
+    /// contains it.
     #[arg(long, env = "CS_TOKEN_AUDIENCE", default_value = "context-service")]
     pub token_audience: String,
 
     /// Clock leeway for `exp`/`nbf`, in seconds (at most 60).
     #[arg(long, env = "CS_TOKEN_LEEWAY_SECS", default_value_t = 30)]
     pub token_leeway_secs: u64,
+
+    /// Longest token lifetime accepted (`exp - iat`), e.g. `1h`; tokens then
+    /// must carry `iat`. Unset: any lifetime. The development token is
+    /// minted no longer than this.
+    #[arg(long, env = "CS_TOKEN_MAX_LIFETIME", value_parser = humantime::parse_duration)]
+    pub token_max_lifetime: Option<std::time::Duration>,
 
     /// Log format.
     #[arg(long, env = "CS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -112,9 +123,39 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_WORKLOAD_QUOTA", default_value_t = 20)]
     pub workload_quota: usize,
 
+    /// Most sandbox replicas one owner's pools hold together; a create
+    /// past it answers `429 pool_quota_exceeded`. `0`: no quota.
+    #[arg(long, env = "CS_POOL_REPLICA_QUOTA", default_value_t = 100)]
+    pub pool_replica_quota: u32,
+
+    /// Most named contexts one owner holds, across namespaces; a create
+    /// past it answers `429 context_quota_exceeded`. `0`: no quota.
+    #[arg(long, env = "CS_CONTEXT_QUOTA", default_value_t = 20)]
+    pub context_quota: u32,
+
     /// Lifetime of a one-time upload grant, e.g. `5m`.
     #[arg(long, env = "CS_UPLOAD_GRANT_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
     pub upload_grant_ttl: std::time::Duration,
+
+    /// Most uploads processed at once in the whole service (1 to 256); more
+    /// are refused with `429 too_many_uploads` and `Retry-After`. Each
+    /// running upload holds a blocking thread, so this also bounds threads.
+    #[arg(long, env = "CS_UPLOAD_MAX_CONCURRENT", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=crate::workload::MAX_CONCURRENT_UPLOADS as i64))]
+    pub upload_max_concurrent: u32,
+
+    /// Most uploads processed at once per owner (grant uploads count for
+    /// the workload's owner); more are refused with `429 too_many_uploads`.
+    #[arg(long, env = "CS_UPLOAD_MAX_PER_OWNER", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub upload_max_per_owner: u32,
+
+    /// Temporary disk (spool and speculative gzip, under `<data-dir>/tmp`)
+    /// all running uploads may hold together, in bytes (4 GiB by default);
+    /// an upload that finds it used up is refused with
+    /// `503 temp_space_exhausted` and `Retry-After`.
+    #[arg(long, env = "CS_UPLOAD_TEMP_MAX_BYTES", default_value_t = crate::workload::DEFAULT_UPLOAD_TEMP_BYTES)]
+    pub upload_temp_max_bytes: u64,
 
     /// Byte budget of the in-memory bundle cache (512 MiB by default).
     #[arg(long, env = "CS_CACHE_BYTES", default_value_t = 512 * 1024 * 1024)]

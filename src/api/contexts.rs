@@ -34,7 +34,7 @@ async fn create(
     principal.require(Scope::ContextsWrite)?;
     let value = json::read_first_value(body).await?;
     let req = decode_create(&value)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let status = state.pools.create_context(&req, &owner).await?;
     Ok(json::respond(StatusCode::CREATED, &Context::from(&status)))
 }
@@ -46,7 +46,7 @@ async fn list(
 ) -> ApiResult<Response> {
     principal.require(Scope::ContextsRead)?;
     let namespace = path_param(path)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let items = state.pools.list_contexts(&namespace, &owner).await?;
     let list = ContextList {
         items: items.iter().map(Context::from).collect(),
@@ -61,7 +61,7 @@ async fn read(
 ) -> ApiResult<Response> {
     principal.require(Scope::ContextsRead)?;
     let (namespace, name) = path_param(path)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let status = state.pools.get_context(&namespace, &name, &owner).await?;
     Ok(json::respond(StatusCode::OK, &Context::from(&status)))
 }
@@ -73,7 +73,7 @@ async fn remove(
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::ContextsWrite)?;
     let (namespace, name) = path_param(path)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     state
         .pools
         .delete_context(&namespace, &name, &owner)

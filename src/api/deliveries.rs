@@ -71,7 +71,7 @@ async fn deliver(
         verify: body.verify.unwrap_or_default(),
     };
     let delivered = service(&state)?
-        .deliver(principal.subject(), &id, &input)
+        .deliver(principal.owner(), &id, &input)
         .await?;
     Ok((StatusCode::CREATED, Json(delivered)).into_response())
 }
@@ -83,7 +83,7 @@ async fn list(
 ) -> DeliveryResult<Response> {
     principal.require(Scope::WorkloadsDeliver)?;
     let id = path_param(path)?;
-    let deliveries = service(&state)?.list(principal.subject(), &id).await?;
+    let deliveries = service(&state)?.list(principal.owner(), &id).await?;
     Ok(Json(RunList { deliveries }).into_response())
 }
 
@@ -95,7 +95,7 @@ async fn release(
     principal.require(Scope::WorkloadsDeliver)?;
     let (id, run) = path_param(path)?;
     service(&state)?
-        .release(principal.subject(), &id, &run)
+        .release(principal.owner(), &id, &run)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

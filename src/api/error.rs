@@ -10,7 +10,7 @@ use axum::Json;
 
 use super::error_body::ErrorBody;
 use crate::auth::AuthError;
-use crate::workload::WorkloadError;
+use crate::workload::{WorkloadError, UPLOAD_RETRY_AFTER_SECS};
 
 /// An error answered to an API client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -19,6 +19,7 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -28,7 +29,19 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// The same error, answered with `Retry-After: <secs>`.
+    pub fn with_retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// Seconds of `Retry-After`, if any.
+    pub fn retry_after(&self) -> Option<u32> {
+        self.retry_after
     }
 
     /// `400 invalid_request`.
@@ -133,6 +146,15 @@ impl From<WorkloadError> for ApiError {
                 };
                 ApiError::new(StatusCode::BAD_REQUEST, "bundle_rejected", message)
             }
+            W::TooManyUploads(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_uploads", msg)
+                    .with_retry_after(UPLOAD_RETRY_AFTER_SECS)
+            }
+            W::UploadInProgress => ApiError::new(StatusCode::CONFLICT, "upload_in_progress", msg),
+            W::TempSpaceExhausted(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "temp_space_exhausted", msg)
+                    .with_retry_after(UPLOAD_RETRY_AFTER_SECS)
+            }
             W::TooLarge(_) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "upload_too_large", msg),
             W::UploadBroken(_) => ApiError::invalid_request(msg),
             W::Internal(cause) => ApiError::internal(cause),
@@ -146,7 +168,13 @@ impl IntoResponse for ApiError {
             error: self.code.to_owned(),
             message: self.message,
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 
@@ -165,6 +193,16 @@ impl From<crate::pool::PoolError> for ApiError {
             PoolError::Invalid(message) => Self::invalid_request(message.clone()),
             PoolError::NotFound(_) => Self::not_found(err.to_string()),
             PoolError::AlreadyExists(_) => Self::already_exists(err.to_string()),
+            PoolError::PoolQuotaExceeded { .. } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "pool_quota_exceeded",
+                err.to_string(),
+            ),
+            PoolError::ContextQuotaExceeded(_) => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "context_quota_exceeded",
+                err.to_string(),
+            ),
             PoolError::NotReady(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_ready",

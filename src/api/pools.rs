@@ -36,7 +36,7 @@ async fn create(
     principal.require(Scope::PoolsWrite)?;
     let value = json::read_first_value(body).await?;
     let req = decode_create(&value)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let status = state.pools.create(&req, &owner).await?;
     Ok(json::respond(StatusCode::CREATED, &Pool::from(&status)))
 }
@@ -59,7 +59,7 @@ async fn read(
     principal.require(Scope::PoolsRead)?;
     let name = path_param(path)?;
     let Query(query) = query.map_err(|e| ApiError::invalid_request(e.body_text()))?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let status = match parse_wait(&query)? {
         Some(timeout) => state.pools.wait(&name, &owner, timeout).await?,
         None => state.pools.get(&name, &owner).await?,
@@ -87,7 +87,7 @@ fn parse_wait(query: &ReadQuery) -> ApiResult<Option<Duration>> {
 
 async fn list(State(state): State<AppState>, principal: Principal) -> ApiResult<Response> {
     principal.require(Scope::PoolsRead)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let pools = state.pools.list(&owner).await?;
     let list = PoolList {
         items: pools.iter().map(Pool::from).collect(),
@@ -102,7 +102,7 @@ async fn remove(
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::PoolsWrite)?;
     let name = path_param(path)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     state.pools.delete(&name, &owner).await?;
     Ok(StatusCode::NO_CONTENT)
 }

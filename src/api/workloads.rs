@@ -59,13 +59,13 @@ async fn create(
         name: body.name,
         kind: body.kind,
     };
-    let view = svc.create(principal.subject(), req).await?;
+    let view = svc.create(&principal.owner().key(), req).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
 async fn list(State(svc): State<WorkloadService>, principal: Principal) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
-    let workloads = svc.list(principal.subject()).await?;
+    let workloads = svc.list(&principal.owner().key()).await?;
     Ok(Json(json!({ "workloads": workloads })).into_response())
 }
 
@@ -75,7 +75,7 @@ async fn read(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
-    Ok(Json(svc.get(principal.subject(), &id).await?).into_response())
+    Ok(Json(svc.get(&principal.owner().key(), &id).await?).into_response())
 }
 
 async fn remove(
@@ -84,7 +84,7 @@ async fn remove(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::WorkloadsWrite)?;
-    svc.delete(principal.subject(), &id).await?;
+    svc.delete(&principal.owner().key(), &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -94,7 +94,7 @@ async fn new_grant(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
-    let grant = svc.grant(principal.subject(), &id).await?;
+    let grant = svc.grant(&principal.owner().key(), &id).await?;
     Ok((StatusCode::CREATED, Json(grant)).into_response())
 }
 
@@ -106,7 +106,7 @@ async fn activate(
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
     let view = svc
-        .activate(principal.subject(), &id, &body.revision)
+        .activate(&principal.owner().key(), &id, &body.revision)
         .await?;
     Ok(Json(view).into_response())
 }
@@ -119,7 +119,7 @@ async fn upload_by_owner(
     body: Body,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
-    let ticket = svc.owner_upload(principal.subject(), &id).await?;
+    let ticket = svc.owner_upload(&principal.owner().key(), &id).await?;
     upload(&svc, ticket, &headers, body).await
 }
 
@@ -190,7 +190,7 @@ async fn download(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
-    let rev = svc.locate(principal.subject(), &id, &revision).await?;
+    let rev = svc.locate(&principal.owner().key(), &id, &revision).await?;
     let etag = format!("\"sha256:{}\"", rev.bundle_digest);
     let mut out = HeaderMap::new();
     out.insert(header::ETAG, header_value(&etag)?);

@@ -60,6 +60,13 @@ pub enum BundleError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The temporary-space budget shared by concurrent uploads is used up.
+    /// Not the bundle's fault; worth a retry.
+    #[error("the temporary space for uploads ({limit} bytes) is in use; retry later")]
+    TempSpaceExhausted {
+        /// The budget in bytes.
+        limit: u64,
+    },
     /// The compressed input is larger than the limit.
     #[error("compressed bundle exceeds {limit} bytes")]
     CompressedTooLarge {
@@ -293,6 +300,7 @@ impl BundleError {
         match self {
             BundleError::Io { .. } => "io_error",
             BundleError::Storage { .. } => "storage_error",
+            BundleError::TempSpaceExhausted { .. } => "temp_space_exhausted",
             BundleError::CompressedTooLarge { .. } => "compressed_too_large",
             BundleError::InflatedTooLarge { .. } => "inflated_too_large",
             BundleError::TooManyEntries { .. } => "too_many_entries",
@@ -358,6 +366,7 @@ impl BundleError {
             | BundleError::ChecksumFileUnlisted { entry } => Some(entry),
             BundleError::ChecksumsInvalid { .. } => Some("checksums.json"),
             BundleError::Storage { .. }
+            | BundleError::TempSpaceExhausted { .. }
             | BundleError::CompressedTooLarge { .. }
             | BundleError::PaxGlobalHeader { .. }
             | BundleError::TruncatedGzip
@@ -385,7 +394,10 @@ impl BundleError {
     pub fn is_rejection(&self) -> bool {
         !matches!(
             self,
-            BundleError::Io { .. } | BundleError::Storage { .. } | BundleError::Internal { .. }
+            BundleError::Io { .. }
+                | BundleError::Storage { .. }
+                | BundleError::TempSpaceExhausted { .. }
+                | BundleError::Internal { .. }
         )
     }
 }

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use super::TempBudget;
+
 /// One MiB, for readable defaults.
 const MIB: u64 = 1024 * 1024;
 
@@ -50,6 +52,9 @@ pub struct CanonicalOptions {
     /// system temporary directory. Spool files are unnamed and vanish when
     /// the call returns, whatever its outcome.
     pub temp_dir: Option<PathBuf>,
+    /// Budget the temporary files (spool, speculative gzip) are charged
+    /// to, shared with concurrent calls; `None` is unlimited.
+    pub temp_budget: Option<TempBudget>,
 }
 
 impl Default for CanonicalOptions {
@@ -59,6 +64,7 @@ impl Default for CanonicalOptions {
         Self {
             gzip_level: 1,
             temp_dir: None,
+            temp_budget: None,
         }
     }
 }

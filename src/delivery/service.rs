@@ -19,7 +19,7 @@ use super::session::{self, Failure};
 use super::targets;
 use super::view::{Delivered, RunPlace, RunView, SandboxOutcome};
 use super::DeliveryMetrics;
-use crate::auth::OwnerScope;
+use crate::auth::{Owner, OwnerScope};
 use crate::pool::validate::{is_dns1123_subdomain, is_pool_name};
 use crate::pool::{LabelSelector, Member, PoolService};
 use crate::store::{RevisionRecord, RunRecord, RunSandbox, RunStore, StoreError};
@@ -188,18 +188,22 @@ impl DeliveryService {
     /// placed in a sandbox but missing from the registry.
     pub async fn deliver(
         &self,
-        owner: &str,
+        owner: &Owner,
         workload: &str,
         input: &DeliverInput,
     ) -> Result<Delivered, DeliveryError> {
         let this = self.clone();
-        let (owner, workload, input) = (owner.to_owned(), workload.to_owned(), input.clone());
-        detached(async move { this.deliver_here(&owner, &workload, &input).await }).await
+        let scope = self.inner.owner_scope.of(owner);
+        let (owner, workload, input) = (owner.key(), workload.to_owned(), input.clone());
+        detached(async move { this.deliver_here(&owner, &scope, &workload, &input).await }).await
     }
 
+    /// Delivers for the owner whose record key is `owner` and whose sandbox
+    /// folder scope is `scope`.
     async fn deliver_here(
         &self,
         owner: &str,
+        scope: &str,
         workload: &str,
         input: &DeliverInput,
     ) -> Result<Delivered, DeliveryError> {
@@ -219,7 +223,7 @@ impl DeliveryService {
             _ => {}
         }
         let inner = &self.inner;
-        let scope = inner.owner_scope.of(owner);
+        let scope = scope.to_owned();
         let revision = self.active_revision(owner, workload).await?;
         let request = DeliverRequest {
             root: inner.settings.root.clone(),
@@ -332,12 +336,12 @@ impl DeliveryService {
     /// the job. Runs in its own task, like [`DeliveryService::deliver`].
     pub async fn release(
         &self,
-        owner: &str,
+        owner: &Owner,
         workload: &str,
         run_id: &str,
     ) -> Result<(), DeliveryError> {
         let this = self.clone();
-        let (owner, workload, run_id) = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
+        let (owner, workload, run_id) = (owner.key(), workload.to_owned(), run_id.to_owned());
         detached(async move { this.release_here(&owner, &workload, &run_id).await }).await
     }
 
@@ -378,7 +382,8 @@ impl DeliveryService {
     /// The owner's live runs of `workload`, by run id. Runs outlive their
     /// workload (so they can still be released); without runs, a missing
     /// workload is [`DeliveryError::WorkloadNotFound`].
-    pub async fn list(&self, owner: &str, workload: &str) -> Result<Vec<RunView>, DeliveryError> {
+    pub async fn list(&self, owner: &Owner, workload: &str) -> Result<Vec<RunView>, DeliveryError> {
+        let owner = &owner.key();
         check_workload(workload)?;
         let runs = self.inner.runs.runs_of(owner, workload)?;
         if runs.is_empty() {

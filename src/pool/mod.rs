@@ -8,6 +8,8 @@
 //!   `crate::sandbox`;
 //! - [`service`]: [`PoolService`]; [`error`]: its [`PoolError`];
 //! - [`selector`]: equality-based label selectors ([`LabelSelector`]);
+//! - [`service`]: [`PoolService`] (with per-owner quotas, `quota`);
+//!   [`error`]: its [`PoolError`];
 //! - [`view`]: the JSON shapes on the wire.
 
 pub mod error;
@@ -15,6 +17,7 @@ pub mod model;
 pub mod names;
 pub mod port;
 pub mod quantity;
+mod quota;
 pub mod selector;
 pub mod service;
 pub mod validate;
@@ -27,4 +30,5 @@ pub use model::{
 };
 pub use port::{BackendError, SandboxBackend};
 pub use selector::LabelSelector;
-pub use service::PoolService;
+
+pub use service::{PoolQuotas, PoolService};

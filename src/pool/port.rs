@@ -100,6 +100,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// Every named context in `namespace` (every owner), sorted by name.
     async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError>;
 
+    /// Every named context in every namespace (every owner), for the
+    /// per-owner context quota.
+    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError>;
+
     /// Deletes the named context's volume; `false` when it did not exist.
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError>;
 

@@ -9,10 +9,29 @@ use std::time::Duration;
 use super::error::{PoolError, PoolResult, Subject};
 use super::model::{ContextStatus, PoolStatus};
 use super::port::{BackendError, SandboxBackend};
+use super::quota::QuotaGate;
 use super::validate::{self, CreateContextRequest, CreatePoolRequest};
 
 /// Longest a `GET ?wait=ready` may hold a request.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// Per-owner quotas of pools and named contexts; `0` means no quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolQuotas {
+    /// Most sandbox replicas an owner's pools hold together.
+    pub replicas: u32,
+    /// Most named contexts an owner holds, across namespaces.
+    pub contexts: u32,
+}
+
+impl Default for PoolQuotas {
+    fn default() -> Self {
+        Self {
+            replicas: 100,
+            contexts: 20,
+        }
+    }
+}
 
 /// Owner-scoped access to pools and named contexts.
 ///
@@ -23,6 +42,9 @@ pub const MAX_WAIT: Duration = Duration::from_secs(600);
 #[derive(Clone)]
 pub struct PoolService {
     backend: Arc<dyn SandboxBackend>,
+    quotas: PoolQuotas,
+    pool_gate: Arc<QuotaGate>,
+    context_gate: Arc<QuotaGate>,
 }
 
 impl std::fmt::Debug for PoolService {
@@ -32,9 +54,19 @@ impl std::fmt::Debug for PoolService {
 }
 
 impl PoolService {
-    /// A service over `backend`.
+    /// A service over `backend` with the default quotas.
     pub fn new(backend: Arc<dyn SandboxBackend>) -> Self {
-        Self { backend }
+        Self::with_quotas(backend, PoolQuotas::default())
+    }
+
+    /// A service over `backend` enforcing `quotas`.
+    pub fn with_quotas(backend: Arc<dyn SandboxBackend>, quotas: PoolQuotas) -> Self {
+        Self {
+            backend,
+            quotas,
+            pool_gate: Arc::new(QuotaGate::new()),
+            context_gate: Arc::new(QuotaGate::new()),
+        }
     }
 
     /// The backend (for other services, e.g. delivery into sandboxes).
@@ -62,12 +94,45 @@ impl PoolService {
         owner_scope: &str,
     ) -> PoolResult<PoolStatus> {
         let spec = validate::pool(req, owner_scope).map_err(|e| PoolError::Invalid(e.0.into()))?;
+        let reservation = match self.quotas.replicas {
+            0 => None,
+            quota => {
+                let listed = async {
+                    let pools = self.list(owner_scope).await?;
+                    Ok(pools
+                        .into_iter()
+                        .map(|p| (p.name, u64::from(p.replicas)))
+                        .collect())
+                };
+                let reserved = self
+                    .pool_gate
+                    .reserve(
+                        owner_scope,
+                        &spec.name,
+                        spec.replicas.into(),
+                        quota.into(),
+                        listed,
+                    )
+                    .await?;
+                Some(reserved.map_err(|held| PoolError::PoolQuotaExceeded {
+                    quota,
+                    held,
+                    asked: spec.replicas,
+                })?)
+            }
+        };
         let backend = self.backend.clone();
         let kind = spec.strategy.kind();
         let name = spec.name.clone();
         let doing = format!("create sandbox pool {name} ({kind})");
+        // The reservation is released by the detached task, when the
+        // backend is done, even if the client left.
         let status = detached(Subject::Pool, doing, async move {
-            backend.create_pool(&spec).await
+            let created = backend.create_pool(&spec).await;
+            if let Some(r) = reservation {
+                r.release().await;
+            }
+            created
         })
         .await?;
         tracing::info!(pool = %name, strategy = kind, replicas = status.replicas, "sandbox pool created");
@@ -144,10 +209,35 @@ impl PoolService {
     ) -> PoolResult<ContextStatus> {
         let spec =
             validate::context(req, owner_scope).map_err(|e| PoolError::Invalid(e.0.into()))?;
+        let reservation = match self.quotas.contexts {
+            0 => None,
+            quota => {
+                let listed = async {
+                    let all = self.backend.list_all_contexts().await.map_err(|e| {
+                        PoolError::from_backend(e, Subject::Context, "list contexts".to_owned())
+                    })?;
+                    Ok(all
+                        .into_iter()
+                        .filter(|c| c.owner_scope == owner_scope)
+                        .map(|c| (format!("{}/{}", c.namespace, c.name), 1))
+                        .collect())
+                };
+                let key = format!("{}/{}", spec.namespace, spec.name);
+                let reserved = self
+                    .context_gate
+                    .reserve(owner_scope, &key, 1, quota.into(), listed)
+                    .await?;
+                Some(reserved.map_err(|_| PoolError::ContextQuotaExceeded(quota))?)
+            }
+        };
         let backend = self.backend.clone();
         let doing = format!("create context {}/{}", spec.namespace, spec.name);
         detached(Subject::Context, doing, async move {
-            backend.create_context(&spec).await
+            let created = backend.create_context(&spec).await;
+            if let Some(r) = reservation {
+                r.release().await;
+            }
+            created
         })
         .await
     }
@@ -313,6 +403,9 @@ mod tests {
             Ok(None)
         }
         async fn list_contexts(&self, _: &str) -> Result<Vec<ContextStatus>, BackendError> {
+            Ok(Vec::new())
+        }
+        async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
             Ok(Vec::new())
         }
         async fn delete_context(&self, _: &str, _: &str) -> Result<bool, BackendError> {

@@ -2,9 +2,12 @@
 
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
-use super::{GrantRecord, MetadataStore, RunRecord, RunStore, StoreError, WorkloadRecord};
+use super::{
+    GrantRecord, MetadataStore, OwnerMigration, RunRecord, RunStore, StoreError, WorkloadRecord,
+    SCHEMA_OWNER_KINDS,
+};
 use crate::fsutil;
 
 /// Workloads by [`workload_key`]; values are JSON records.
@@ -13,6 +16,9 @@ const WORKLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("workloads"
 const GRANTS: TableDefinition<&str, &[u8]> = TableDefinition::new("grants");
 /// Delivery runs by [`run_key`]; values are JSON records.
 const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery_runs");
+/// Store-wide facts; [`SCHEMA_KEY`] is the records' schema version.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const SCHEMA_KEY: &str = "schema_version";
 
 /// The redb-backed metadata store.
 #[derive(Debug)]
@@ -65,11 +71,34 @@ impl RedbStore {
         let db = Database::create(path).map_err(db_err)?;
         // Create the tables up front so read transactions never miss them.
         let txn = db.begin_write().map_err(db_err)?;
+        let fresh = !txn
+            .list_tables()
+            .map_err(db_err)?
+            .any(|t| t.name() == WORKLOADS.name());
         txn.open_table(WORKLOADS).map_err(db_err)?;
         txn.open_table(GRANTS).map_err(db_err)?;
         txn.open_table(RUNS).map_err(db_err)?;
+        {
+            let mut meta = txn.open_table(META).map_err(db_err)?;
+            // A new database starts at the current schema; an existing one
+            // without a version is version 1 until migrated.
+            if fresh {
+                meta.insert(SCHEMA_KEY, SCHEMA_OWNER_KINDS)
+                    .map_err(db_err)?;
+            }
+        }
         txn.commit().map_err(db_err)?;
         Ok(Self { db })
+    }
+
+    /// The records' schema version (1 when none is recorded).
+    pub fn schema_version(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let meta = txn.open_table(META).map_err(db_err)?;
+        Ok(meta
+            .get(SCHEMA_KEY)
+            .map_err(db_err)?
+            .map_or(1, |v| v.value()))
     }
 
     fn scan(&self, prefix: &str) -> Result<Vec<WorkloadRecord>, StoreError> {
@@ -215,6 +244,59 @@ impl MetadataStore for RedbStore {
         let table = txn.open_table(GRANTS).map_err(db_err)?;
         let value = table.get(id).map_err(db_err)?;
         value.map(|v| decode(id, v.value())).transpose()
+    }
+
+    fn migrate_owners(
+        &self,
+        version: u64,
+        map: &dyn Fn(&str) -> String,
+    ) -> Result<Option<OwnerMigration>, StoreError> {
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let mut done = OwnerMigration::default();
+        {
+            let mut meta = txn.open_table(META).map_err(db_err)?;
+            let current = meta
+                .get(SCHEMA_KEY)
+                .map_err(db_err)?
+                .map_or(1, |v| v.value());
+            if current >= version {
+                return Ok(None);
+            }
+            done.from_version = current;
+            let mut table = txn.open_table(WORKLOADS).map_err(db_err)?;
+            let mut records = Vec::new();
+            for item in table.iter().map_err(db_err)? {
+                let (k, v) = item.map_err(db_err)?;
+                let record: WorkloadRecord = decode(k.value(), v.value())?;
+                records.push((k.value().to_owned(), record));
+            }
+            for (old_key, mut record) in records {
+                table.remove(old_key.as_str()).map_err(db_err)?;
+                record.owner = map(&record.owner);
+                let key = workload_key(&record.owner, &record.name);
+                table
+                    .insert(key.as_str(), encode(&record)?.as_slice())
+                    .map_err(db_err)?;
+                done.workloads += 1;
+            }
+            let mut grants = txn.open_table(GRANTS).map_err(db_err)?;
+            let mut rewritten = Vec::new();
+            for item in grants.iter().map_err(db_err)? {
+                let (k, v) = item.map_err(db_err)?;
+                let mut grant: GrantRecord = decode(k.value(), v.value())?;
+                grant.owner = map(&grant.owner);
+                rewritten.push(grant);
+            }
+            for grant in rewritten {
+                grants
+                    .insert(grant.id.as_str(), encode(&grant)?.as_slice())
+                    .map_err(db_err)?;
+                done.grants += 1;
+            }
+            meta.insert(SCHEMA_KEY, version).map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(Some(done))
     }
 
     fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError> {
@@ -437,6 +519,48 @@ mod tests {
         store.remove_workload("o", "two", 1).unwrap();
         assert!(store.grant("g2").unwrap().is_none(), "grants go with it");
         assert!(store.workload("o", "two").unwrap().is_none());
+    }
+
+    #[test]
+    fn owners_migrate_once_with_their_keys_and_grants() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            assert_eq!(store.schema_version().unwrap(), SCHEMA_OWNER_KINDS);
+            // Pretend a version-1 store: bare owners, no version recorded.
+            let r = record("alice", "w");
+            store.insert_workload(&r, &grant("g", &r, 50), 20).unwrap();
+            let txn = store.db.begin_write().unwrap();
+            txn.open_table(META).unwrap().remove(SCHEMA_KEY).unwrap();
+            txn.commit().unwrap();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), 1);
+        let map = |o: &str| format!("sub:{o}");
+        let done = store.migrate_owners(SCHEMA_OWNER_KINDS, &map).unwrap();
+        assert_eq!(
+            done,
+            Some(OwnerMigration {
+                from_version: 1,
+                workloads: 1,
+                grants: 1
+            })
+        );
+        assert!(store.workload("alice", "w").unwrap().is_none());
+        let migrated = store.workload("sub:alice", "w").unwrap().unwrap();
+        assert_eq!(
+            (migrated.owner.as_str(), migrated.version),
+            ("sub:alice", 1)
+        );
+        assert_eq!(store.grant("g").unwrap().unwrap().owner, "sub:alice");
+        // Again: nothing to do, nothing prefixed twice.
+        assert_eq!(
+            store.migrate_owners(SCHEMA_OWNER_KINDS, &map).unwrap(),
+            None
+        );
+        assert_eq!(store.workloads_of("sub:alice").unwrap().len(), 1);
+        assert_eq!(store.schema_version().unwrap(), SCHEMA_OWNER_KINDS);
     }
 
     #[test]

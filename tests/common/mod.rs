@@ -68,6 +68,15 @@ impl TestServer {
         server
     }
 
+    /// Starts a server on a fresh data dir after `adjust` changes settings,
+    /// or returns why it refused to start.
+    pub async fn try_start_with(adjust: impl FnOnce(&mut ServeConfig)) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut server = Self::try_start_in(dir.path(), adjust).await?;
+        server._dir = Some(dir);
+        Ok(server)
+    }
+
     /// Starts a server on an existing data dir (e.g. to test a restart).
     pub async fn start_in(data_dir: &Path, adjust: impl FnOnce(&mut ServeConfig)) -> Self {
         Self::start_in_with(data_dir, adjust, BuildOptions::default()).await
@@ -78,18 +87,34 @@ impl TestServer {
         adjust: impl FnOnce(&mut ServeConfig),
         options: BuildOptions,
     ) -> Self {
+        Self::try_start_in_with(data_dir, adjust, options)
+            .await
+            .expect("server starts")
+    }
+
+    /// [`Self::start_in`], or why the server refused to start.
+    pub async fn try_start_in(
+        data_dir: &Path,
+        adjust: impl FnOnce(&mut ServeConfig),
+    ) -> anyhow::Result<Self> {
+        Self::try_start_in_with(data_dir, adjust, BuildOptions::default()).await
+    }
+
+    async fn try_start_in_with(
+        data_dir: &Path,
+        adjust: impl FnOnce(&mut ServeConfig),
+        options: BuildOptions,
+    ) -> anyhow::Result<Self> {
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("addr");
         let mut config = ServeConfig::with_defaults(data_dir.to_owned(), listen);
         adjust(&mut config);
-        let server = Server::bind_with(&config, &options)
-            .await
-            .expect("server starts");
+        let server = Server::bind_with(&config, &options).await?;
         let addr = server.local_addr().expect("local addr");
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
             let _ = rx.await;
         }));
-        Self {
+        Ok(Self {
             base: format!("http://{addr}"),
             data_dir: data_dir.to_owned(),
             config,
@@ -97,7 +122,7 @@ impl TestServer {
             _dir: None,
             shutdown: Some(tx),
             task: Some(task),
-        }
+        })
     }
 
     /// The settings the server runs with.

@@ -18,6 +18,8 @@ use flate2::write::GzEncoder;
 use flate2::{Compression, GzBuilder};
 use sha2::{Digest, Sha256};
 
+use crate::bundle::budget::Charged;
+
 /// Chunk size for copies and for the hand-off to the sink thread: large
 /// enough that per-call costs (hash, deflate, channel) vanish.
 pub(crate) const CHUNK: usize = 256 * 1024;
@@ -119,8 +121,8 @@ impl<W: Write> Write for Chunked<W> {
 pub(crate) struct SinkJob {
     /// Hash the tar (the revision) on the sink thread.
     pub hash: bool,
-    /// Gzip at this level into this file.
-    pub gzip: Option<(u32, File)>,
+    /// Gzip at this level into this (temporary, charged) file.
+    pub gzip: Option<(u32, Charged<File>)>,
 }
 
 /// What the sink thread produced.
@@ -237,7 +239,7 @@ pub(crate) fn spawn_sink(job: SinkJob) -> io::Result<(ChunkSender, Sink)> {
                 Some(g) => {
                     let (buffered, digest, bytes) = g.finish()?.finish();
                     let file = buffered.into_inner().map_err(|e| e.into_error())?;
-                    Some((file, digest, bytes))
+                    Some((file.into_inner(), digest, bytes))
                 }
                 None => None,
             };

@@ -349,7 +349,11 @@ impl SandboxBackend for KubeBackend {
     }
 
     async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError> {
-        self.list_context_pvcs(namespace).await
+        self.list_context_pvcs(Some(namespace)).await
+    }
+
+    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+        self.list_context_pvcs(None).await
     }
 
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {

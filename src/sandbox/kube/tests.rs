@@ -205,6 +205,26 @@ impl FakeApi {
         };
         let segments: Vec<&str> = parts.uri.path().split('/').collect();
         let Some(at) = segments.iter().position(|s| *s == "namespaces") else {
+            // A list across namespaces: `/api/v1/<plural>`.
+            if parts.method == Method::GET {
+                if let Some(plural) = segments.last() {
+                    let query = parts.uri.query().unwrap_or_default();
+                    let selector = query_param(query, "labelSelector").unwrap_or_default();
+                    let suffix = format!("/{plural}");
+                    let items: Vec<Value> = self
+                        .state()
+                        .objects
+                        .iter()
+                        .filter(|(key, _)| key.ends_with(&suffix))
+                        .flat_map(|(_, objects)| objects.values())
+                        .filter(|o| selector_matches(&selector, o))
+                        .cloned()
+                        .collect();
+                    let list = json!({"apiVersion": "v1", "kind": "List",
+                        "metadata": {"resourceVersion": "1"}, "items": items});
+                    return respond(StatusCode::OK, &list);
+                }
+            }
             return respond(
                 StatusCode::NOT_FOUND,
                 &status_body(404, "NotFound", "no such path"),
@@ -1101,6 +1121,10 @@ async fn named_contexts_are_pvcs_in_the_requested_namespace() {
     assert_eq!(got.size, "5Gi");
     assert_eq!(got.storage_class.as_deref(), Some("fast"));
     assert_eq!(backend.list_contexts("team1").await.expect("list").len(), 1);
+    // The quota counts contexts across namespaces.
+    let all = backend.list_all_contexts().await.expect("list all");
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].namespace, "team1");
     assert!(backend
         .list_contexts("team2")
         .await

@@ -234,6 +234,10 @@ impl SandboxBackend for LocalBackend {
         self.blocking(move |inner| inner.list_contexts(&ns)).await
     }
 
+    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+        self.blocking(|inner| inner.list_all_contexts()).await
+    }
+
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
         let (ns, name) = (namespace.to_owned(), name.to_owned());
         self.blocking(move |inner| inner.delete_context(&ns, &name))
