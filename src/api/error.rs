@@ -6,7 +6,6 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 
 use super::error_body::ErrorBody;
 use crate::auth::AuthError;
@@ -133,12 +132,14 @@ impl From<WorkloadError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// `{"error":…,"message":…}` as upstream's Go encoder writes it: a
+    /// trailing newline and `<`, `>`, `&` escaped.
     fn into_response(self) -> Response {
         let body = ErrorBody {
             error: self.code.to_owned(),
             message: self.message,
         };
-        (self.status, Json(body)).into_response()
+        super::json::respond(self.status, &body)
     }
 }
 

@@ -13,6 +13,8 @@ mod common;
 mod bundle_pack_async;
 mod bundle_props;
 mod bundle_rules;
+mod compat_auth;
+mod compat_support;
 mod contextctl_bundle;
 mod contextctl_pools;
 mod contextctl_workload;

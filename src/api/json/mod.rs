@@ -16,6 +16,8 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 
+pub mod encode;
+
 /// Largest body read, as upstream's `http.MaxBytesReader`.
 pub const MAX_BODY: usize = 1 << 20;
 
@@ -208,21 +210,19 @@ pub fn path_param<T>(
         .map_err(|e| ApiError::invalid_request(e.body_text()))
 }
 
-/// A JSON answer with a trailing newline, as upstream writes it.
+/// A JSON answer as upstream's Go encoder writes it ([`encode::to_vec`]):
+/// `Content-Type: application/json`, HTML-safe escapes, a trailing newline.
 pub fn respond<T: Serialize>(status: StatusCode, value: &T) -> Response {
-    match serde_json::to_vec(value) {
-        Ok(mut bytes) => {
-            bytes.push(b'\n');
-            (
-                status,
-                [(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                )],
-                bytes,
-            )
-                .into_response()
-        }
+    match encode::to_vec(value) {
+        Ok(bytes) => (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response(),
         Err(e) => ApiError::internal(format!("encoding an answer: {e}")).into_response(),
     }
 }
