@@ -177,8 +177,16 @@ async fn dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox() {
         env.wait_pool_objects_gone("alpha").await?;
         let (status, text) = env.get_pool("alpha").await;
         assert_eq!(status, 404, "{text}");
-        // DELETE is idempotent here (PoolService docs; upstream answers 404).
-        env.delete_pool("alpha").await?;
+        // A second DELETE finds nothing: 404, as upstream answers.
+        let again = env
+            .request(reqwest::Method::DELETE, "/v1/sandbox-pools/alpha")
+            .send()
+            .await?;
+        assert_eq!(again.status().as_u16(), 404);
+        assert_eq!(
+            again.text().await?,
+            "{\"error\":\"not_found\",\"message\":\"sandbox pool not found\"}\n"
+        );
         // The other pool is untouched.
         let beta_now: Pool = serde_json::from_str(&env.get_pool("beta").await.1)?;
         assert_eq!((beta_now.status.as_str(), beta_now.ready_replicas), ("ready", 1));
