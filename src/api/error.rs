@@ -18,6 +18,9 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Answer with `Connection: close` (the request body was not read to
+    /// its end, so the connection cannot carry another request).
+    close: bool,
 }
 
 impl ApiError {
@@ -27,7 +30,14 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            close: false,
         }
+    }
+
+    /// The same error, answered with `Connection: close`.
+    pub fn closing(mut self) -> Self {
+        self.close = true;
+        self
     }
 
     /// `400 invalid_request`.
@@ -139,7 +149,14 @@ impl IntoResponse for ApiError {
             error: self.code.to_owned(),
             message: self.message,
         };
-        super::json::respond(self.status, &body)
+        let mut resp = super::json::respond(self.status, &body);
+        if self.close {
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     }
 }
 

@@ -1,10 +1,12 @@
 //! Kubernetes quantities (`1Gi`, `1.5G`, `500m`, `1e3`) as apimachinery's
 //! `resource.Quantity` parses and prints them.
 //!
-//! Sizes go back to clients in the form the Kubernetes API server stores:
-//! `ParseQuantity(s).String()`. That is the canonical form (`1.5Gi` →
-//! `1536Mi`, `1000M` → `1G`, `.5Gi` → `512Mi`), with apimachinery's quirks
-//! kept, because a client compares against what a cluster would answer:
+//! Sizes go back to clients in the form the Kubernetes API server stores
+//! ([`canonical`]): `ParseQuantity(s)`, rounded up to a multiple of 10⁻³ (the
+//! defaulting of every resource list), then `String()`. That is the
+//! canonical form (`1.5Gi` → `1536Mi`, `1000M` → `1G`, `.5Gi` → `512Mi`,
+//! `5n` → `1m`), with apimachinery's quirks kept, because a client compares
+//! against what a cluster would answer:
 //!
 //! - a string its parser's fast path already considers canonical is kept
 //!   verbatim (`+1Ki`, `01G`, `1.500G`, `1.5e-5` come back unchanged);
@@ -42,6 +44,8 @@ pub struct Quantity {
     value: Decimal,
     format: Format,
     verbatim: Option<String>,
+    /// The scale of apimachinery's int64 form, when the fast path made it.
+    int_scale: Option<i32>,
 }
 
 /// Whether `s` parses as a Kubernetes quantity with a value above zero.
@@ -54,10 +58,15 @@ pub fn is_valid(s: &str) -> bool {
     Quantity::parse(s).is_some()
 }
 
-/// The form the Kubernetes API server stores `s` in; `None` when `s` is
-/// not a quantity.
+/// The form the Kubernetes API server stores the size `s` in (a PVC's
+/// `resources.requests.storage`): `ParseQuantity`, the defaulting of every
+/// resource list (rounded up to a multiple of 10⁻³), then `String()`.
+/// `None` when `s` is not a quantity.
 pub fn canonical(s: &str) -> Option<String> {
-    Quantity::parse(s).map(|q| q.to_string())
+    Quantity::parse(s).map(|mut q| {
+        q.round_up_milli();
+        q.to_string()
+    })
 }
 
 /// Canonical form of a size on its way out; what is not a quantity (e.g.
@@ -77,6 +86,7 @@ impl Quantity {
                 value: Decimal::zero(),
                 format: Format::DecimalSI,
                 verbatim: Some(s.to_owned()),
+                int_scale: Some(0),
             });
         }
         let parts = Parts::scan(s)?;
@@ -95,6 +105,20 @@ impl Quantity {
     /// The format the quantity is printed in before canonical adjustments.
     pub fn format(&self) -> Format {
         self.format
+    }
+
+    /// `RoundUp(Milli)`, which the API server's defaulting applies to every
+    /// resource list: rounds the magnitude up to a multiple of 10⁻³. An
+    /// int64 form already that coarse keeps its verbatim text.
+    pub fn round_up_milli(&mut self) {
+        if self.int_scale.is_some_and(|scale| scale >= -3) {
+            return;
+        }
+        self.verbatim = None;
+        if self.int_scale.is_some() {
+            self.int_scale = Some(-3);
+        }
+        self.value.round_up_to_exp(-3);
     }
 
     /// `CanonicalizeBytes`: the canonical text, ignoring the verbatim input.
@@ -336,6 +360,7 @@ fn fast_path(s: &str, p: &Parts, exponent: i32, format: Format) -> Option<Quanti
         value: Decimal::from_i64(result, i64::from(scale)),
         format,
         verbatim: canonical_already.then(|| s.to_owned()),
+        int_scale: Some(scale),
     })
 }
 
@@ -364,6 +389,7 @@ fn slow_path(p: &Parts, base: u32, exponent: i32, mut format: Format) -> Option<
         value,
         format,
         verbatim: None,
+        int_scale: None,
     })
 }
 

@@ -21,6 +21,8 @@ const SIZES: &[(&str, &str)] = &[
     ("100.035Ki", "102435840m"),
     ("1e3", "1e3"),
     ("1000E", "1"),
+    // The API server's defaulting rounds resource lists up to 10⁻³.
+    ("5n", "1m"),
 ];
 
 #[tokio::test]

@@ -15,6 +15,7 @@ mod bundle_props;
 mod bundle_rules;
 mod compat_auth;
 mod compat_delete;
+mod compat_json;
 mod compat_quantity;
 mod compat_support;
 mod contextctl_bundle;

@@ -152,7 +152,7 @@ async fn request_bodies_decode_like_upstream() {
         (r#"{"name":"a","replicas":3.5}"#.into(), "json: cannot unmarshal number 3.5 into Go struct field CreateRequest.replicas of type int"),
         (r#"{"name":"a","workspace":{"size":5}}"#.into(), "json: cannot unmarshal number into Go struct field Workspace.workspace.size of type string"),
         (r#"{"name":"a","workspace":{"readOnly":"true"}}"#.into(), "json: cannot unmarshal string into Go struct field Workspace.workspace.readOnly of type bool"),
-        (r#"{"name":"a","workspace":[]}"#.into(), "json: cannot unmarshal array into Go struct field CreateRequest.workspace of type Workspace"),
+        (r#"{"name":"a","workspace":[]}"#.into(), "json: cannot unmarshal array into Go struct field CreateRequest.workspace of type pool.Workspace"),
         (format!("{{\"name\":\"{}", "a".repeat(2 << 20)), "http: request body too large"),
     ];
     for (body, message) in cases {

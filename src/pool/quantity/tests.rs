@@ -6,12 +6,10 @@ fn matches_apimachinery_parse_and_string() {
     let table = include_str!("testdata/apimachinery.tsv");
     let mut cases = 0;
     for line in table.lines().filter(|l| !l.starts_with('#')) {
-        let mut cols = line.split('\t');
-        let (input, want, sign) = (
-            cols.next().unwrap(),
-            cols.next().unwrap(),
-            cols.next().unwrap(),
-        );
+        let cols: Vec<&str> = line.split('\t').collect();
+        let [input, want, stored, sign] = cols[..] else {
+            panic!("bad line {line:?}");
+        };
         let got = Quantity::parse(input);
         if want == "ERR" {
             assert!(got.is_none(), "{input:?} should be rejected: {got:?}");
@@ -20,6 +18,7 @@ fn matches_apimachinery_parse_and_string() {
         }
         let q = got.unwrap_or_else(|| panic!("{input:?} should parse"));
         assert_eq!(q.to_string(), want, "{input:?}");
+        assert_eq!(canonical(input).as_deref(), Some(stored), "{input:?}");
         let want_sign = match sign {
             "-1" => Ordering::Less,
             "0" => Ordering::Equal,
@@ -41,6 +40,8 @@ fn issue_examples() {
         ("2048Mi", "2Gi"),
         ("1024Ki", "1Mi"),
         ("5Gi", "5Gi"),
+        ("5n", "1m"),
+        ("1.5e-5", "1e-3"),
     ] {
         assert_eq!(canonical(input).as_deref(), Some(want), "{input}");
         // Canonical forms are fixed points.
