@@ -111,12 +111,15 @@ pub const JSON_LIMIT: usize = super::json::MAX_BODY;
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
+/// The rest of the body stays unread: the connection cannot carry another
+/// request, so the answer says `Connection: close`.
 fn too_large() -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body_too_large",
         format!("the JSON body exceeds {JSON_LIMIT} bytes"),
     )
+    .closing()
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {

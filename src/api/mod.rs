@@ -7,6 +7,7 @@ pub mod error_body;
 pub mod extract;
 mod health;
 pub mod json;
+pub mod mux;
 mod pools;
 mod workloads;
 
@@ -22,17 +23,23 @@ use crate::metrics;
 
 /// The whole API.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let api = Router::new()
         .merge(health::router())
         .merge(pools::router())
         .merge(contexts::router())
         .merge(workloads::router())
         .route("/metrics", get(metrics::render))
+        .fallback(mux::not_found)
         // Last, so it wraps every route above.
         .route_layer(middleware::from_fn_with_state(
             state.metrics.clone(),
             metrics::track,
         ))
+        .with_state(state);
+    // Go's `ServeMux` answers around the whole router (redirects before
+    // routing; the router's finished 405s with their `Allow`).
+    Router::new()
+        .fallback_service(api)
+        .layer(middleware::from_fn(mux::go_mux))
         .layer(TraceLayer::new_for_http())
-        .with_state(state)
 }

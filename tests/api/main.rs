@@ -16,6 +16,7 @@ mod bundle_rules;
 mod compat_auth;
 mod compat_delete;
 mod compat_json;
+mod compat_mux;
 mod compat_quantity;
 mod compat_support;
 mod contextctl_bundle;
