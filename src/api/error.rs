@@ -6,7 +6,6 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 
 use super::error_body::ErrorBody;
 use crate::auth::AuthError;
@@ -20,6 +19,9 @@ pub struct ApiError {
     code: &'static str,
     message: String,
     retry_after: Option<u32>,
+    /// Answer with `Connection: close` (the request body was not read to
+    /// its end, so the connection cannot carry another request).
+    close: bool,
 }
 
 impl ApiError {
@@ -30,6 +32,7 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            close: false,
         }
     }
 
@@ -42,6 +45,12 @@ impl ApiError {
     /// Seconds of `Retry-After`, if any.
     pub fn retry_after(&self) -> Option<u32> {
         self.retry_after
+    }
+
+    /// The same error, answered with `Connection: close`.
+    pub fn closing(mut self) -> Self {
+        self.close = true;
+        self
     }
 
     /// `400 invalid_request`.
@@ -163,18 +172,25 @@ impl From<WorkloadError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// `{"error":…,"message":…}` as upstream's Go encoder writes it: a
+    /// trailing newline and `<`, `>`, `&` escaped.
     fn into_response(self) -> Response {
         let body = ErrorBody {
             error: self.code.to_owned(),
             message: self.message,
         };
-        let mut response = (self.status, Json(body)).into_response();
+        let mut resp = super::json::respond(self.status, &body);
         if let Some(secs) = self.retry_after {
-            response
-                .headers_mut()
+            resp.headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, secs.into());
         }
-        response
+        if self.close {
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     }
 }
 
@@ -361,7 +377,7 @@ impl IntoResponse for DeliveryApiError {
                     message,
                     deliveries: outcomes,
                 };
-                (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+                super::json::respond(StatusCode::BAD_GATEWAY, &body)
             }
         }
     }

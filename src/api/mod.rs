@@ -9,6 +9,7 @@ pub mod extract;
 mod health;
 pub mod json;
 mod limits;
+pub mod mux;
 mod pools;
 mod rejection;
 mod workloads;
@@ -40,8 +41,7 @@ pub fn router(state: AppState, limits: RequestLimits, with_metrics: bool) -> Rou
         routes = routes.route("/metrics", get(metrics::render));
     }
     let track = middleware::from_fn_with_state(state.metrics.clone(), metrics::track);
-    routes
-        .method_not_allowed_fallback(rejection::method_not_allowed)
+    let api = routes
         .route_layer(middleware::from_fn_with_state(limits, limits::deadline))
         .route_layer(middleware::from_fn_with_state(
             limits,
@@ -49,20 +49,28 @@ pub fn router(state: AppState, limits: RequestLimits, with_metrics: bool) -> Rou
         ))
         // Last, so it wraps every route above and counts their timeouts.
         .route_layer(track.clone())
-        // Counted too, under one `unmatched` route label.
-        .fallback(rejection::no_route.layer(track))
+        // Unknown paths answer like Go's mux, counted under one `unmatched`
+        // route label.
+        .fallback(mux::not_found.layer(track))
+        .with_state(state);
+    // Go's `ServeMux` answers around the whole router (redirects before
+    // routing; the router's finished 405s with their `Allow`).
+    Router::new()
+        .fallback_service(api)
+        .layer(middleware::from_fn(mux::go_mux))
         .layer(TraceLayer::new_for_http())
-        .with_state(state)
 }
 
 /// `/metrics` alone, for its own listen address (`--metrics-addr`).
 pub fn metrics_router(metrics: Metrics) -> Router {
     let track = middleware::from_fn_with_state(metrics.clone(), metrics::track);
-    Router::new()
+    let routes = Router::new()
         .route("/metrics", get(metrics::render))
-        .method_not_allowed_fallback(rejection::method_not_allowed)
         .route_layer(track.clone())
-        .fallback(rejection::no_route.layer(track))
+        .fallback(mux::not_found.layer(track))
+        .with_state(metrics);
+    Router::new()
+        .fallback_service(routes)
+        .layer(middleware::from_fn(mux::go_mux))
         .layer(TraceLayer::new_for_http())
-        .with_state(metrics)
 }

@@ -13,7 +13,7 @@ use axum::Router;
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
-use super::json::{self, path_param, Fields};
+use super::json::{self, path_param, GoField, GoKind, GoStruct};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::pool::validate::{CreatePoolRequest, WorkspaceRequest};
@@ -34,11 +34,15 @@ async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     principal.require(Scope::PoolsWrite)?;
-    let value = json::read_first_value(body).await?;
-    let req = decode_create(&value)?;
+    let (body, overflow) = json::decode_body(body, &CREATE_REQUEST).await?;
+    let req = create_request(&body);
     let owner = state.owner_scope.of(principal.owner());
-    let status = state.pools.create(&req, &owner).await?;
-    Ok(json::respond(StatusCode::CREATED, &Pool::from(&status)))
+    let status = state
+        .pools
+        .create(&req, &owner)
+        .await
+        .map_err(|e| overflow.error(e.into()))?;
+    Ok(overflow.response(json::respond(StatusCode::CREATED, &Pool::from(&status))))
 }
 
 /// Query of `GET /v1/sandbox-pools/{name}`.
@@ -107,32 +111,69 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Decodes a create-pool body like upstream's `pool.CreateRequest`.
-fn decode_create(value: &serde_json::Value) -> ApiResult<CreatePoolRequest> {
-    let top = Fields::top(value, "pool.CreateRequest", "CreateRequest")?;
-    top.deny_unknown(&["name", "replicas", "warmPoolRef", "workspace"])?;
-    let mut req = CreatePoolRequest {
-        name: top.string("name")?,
-        replicas: top.int("replicas")?,
-        warm_pool_ref: top.string("warmPoolRef")?,
-        workspace: WorkspaceRequest::default(),
-    };
-    if let Some(ws) = top.get("workspace") {
-        let ws = Fields::nested(ws, "CreateRequest", "workspace", "Workspace", "workspace.")?;
-        ws.deny_unknown(&[
-            "size",
-            "accessMode",
-            "storageClass",
-            "claimName",
-            "readOnly",
-        ])?;
-        req.workspace = WorkspaceRequest {
-            size: ws.string("size")?,
-            access_mode: ws.string("accessMode")?,
-            storage_class: ws.string("storageClass")?,
-            claim_name: ws.string("claimName")?,
-            read_only: ws.opt_bool("readOnly")?,
-        };
+/// Upstream's `pool.Workspace`.
+static WORKSPACE: GoStruct = GoStruct {
+    go_type: "pool.Workspace",
+    fields: &[
+        GoField {
+            json: "size",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "accessMode",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "storageClass",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "claimName",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "readOnly",
+            kind: GoKind::BoolPtr,
+        },
+    ],
+};
+
+/// Upstream's `pool.CreateRequest`.
+pub(super) static CREATE_REQUEST: GoStruct = GoStruct {
+    go_type: "pool.CreateRequest",
+    fields: &[
+        GoField {
+            json: "name",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "replicas",
+            kind: GoKind::Int,
+        },
+        GoField {
+            json: "warmPoolRef",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "workspace",
+            kind: GoKind::Struct(&WORKSPACE),
+        },
+    ],
+};
+
+/// The request a decoded `pool.CreateRequest` holds.
+fn create_request(body: &json::Decoded) -> CreatePoolRequest {
+    let ws = body.nested("workspace");
+    CreatePoolRequest {
+        name: body.string("name"),
+        replicas: body.int("replicas"),
+        warm_pool_ref: body.string("warmPoolRef"),
+        workspace: WorkspaceRequest {
+            size: ws.string("size"),
+            access_mode: ws.string("accessMode"),
+            storage_class: ws.string("storageClass"),
+            claim_name: ws.string("claimName"),
+            read_only: ws.opt_bool("readOnly"),
+        },
     }
-    Ok(req)
 }

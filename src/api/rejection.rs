@@ -6,7 +6,6 @@
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::FromRequestParts;
-use axum::http::StatusCode;
 
 use super::error::ApiError;
 
@@ -26,19 +25,4 @@ impl From<PathRejection> for ApiError {
             ApiError::invalid_request(rejection.body_text())
         }
     }
-}
-
-/// The fallback for paths no route matches: `404 not_found`.
-pub async fn no_route() -> ApiError {
-    ApiError::not_found("no API route matches this path")
-}
-
-/// The fallback for a method the matched path does not take:
-/// `405 method_not_allowed` (axum adds the `Allow` header).
-pub async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "this path does not take that method; see the Allow header",
-    )
 }

@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use super::pool::upstream_error;
 use super::{print_json, ConnectionArgs, OutputFormat};
 use crate::pool::view::{Context, ContextStorage, CreateContext};
 
@@ -115,28 +116,37 @@ pub async fn run(
                     storage_class,
                 },
             };
-            let created = client.create_context(&req).await?;
+            let created = client.create_context(&req).await.map_err(upstream_error)?;
             match output {
                 OutputFormat::Json => print_json(&created)?,
                 OutputFormat::Text => println!("{}", line(&created)),
             }
         }
         ContextCommand::Get { name, namespace } => {
-            let c = client.get_context(&namespace, &name).await?;
+            let c = client
+                .get_context(&namespace, &name)
+                .await
+                .map_err(upstream_error)?;
             match output {
                 OutputFormat::Json => print_json(&c)?,
                 OutputFormat::Text => println!("{}", line(&c)),
             }
         }
         ContextCommand::Ls { namespace } => {
-            let list = client.list_contexts(&namespace).await?;
+            let list = client
+                .list_contexts(&namespace)
+                .await
+                .map_err(upstream_error)?;
             match output {
                 OutputFormat::Json => print_json(&list)?,
                 OutputFormat::Text => list.items.iter().for_each(|c| println!("{}", line(c))),
             }
         }
         ContextCommand::Rm { name, namespace } => {
-            client.delete_context(&namespace, &name).await?;
+            client
+                .delete_context(&namespace, &name)
+                .await
+                .map_err(upstream_error)?;
             match output {
                 OutputFormat::Json => {
                     print_json(&serde_json::json!({ "deleted": format!("{namespace}/{name}") }))?

@@ -9,6 +9,16 @@ use super::{print_json, ConnectionArgs, OutputFormat};
 use crate::client::ClientError;
 use crate::pool::view::{CreatePool, CreateWorkspace, Pool};
 
+/// An API failure as upstream's `contextctl` prints it: the service's
+/// message alone when it sent one (`contextctl: sandbox pool not found`),
+/// else the whole error.
+pub fn upstream_error(err: ClientError) -> anyhow::Error {
+    match err {
+        ClientError::Api { body, .. } if !body.message.is_empty() => anyhow::anyhow!(body.message),
+        other => other.into(),
+    }
+}
+
 /// Environment variable with the default StorageClass of `create -c`.
 pub const STORAGE_CLASS_ENV: &str = "CS_STORAGE_CLASS";
 
@@ -219,7 +229,7 @@ pub async fn create(
 ) -> anyhow::Result<ExitCode> {
     let req = args.request()?;
     let client = conn.settings().client()?;
-    let pool = client.create_pool(&req).await?;
+    let pool = client.create_pool(&req).await.map_err(upstream_error)?;
     print_pool(&pool, format_of(output, args.json), false)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -231,7 +241,7 @@ pub async fn get(
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     let client = conn.settings().client()?;
-    let pool = client.get_pool(&args.name).await?;
+    let pool = client.get_pool(&args.name).await.map_err(upstream_error)?;
     print_pool(&pool, format_of(output, args.json), true)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -239,7 +249,7 @@ pub async fn get(
 /// Runs `contextctl ls`.
 pub async fn ls(conn: &ConnectionArgs, output: OutputFormat) -> anyhow::Result<ExitCode> {
     let client = conn.settings().client()?;
-    let list = client.list_pools().await?;
+    let list = client.list_pools().await.map_err(upstream_error)?;
     match output {
         OutputFormat::Json => print_json(&list)?,
         OutputFormat::Text => {
@@ -258,7 +268,11 @@ pub async fn rm(
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     let client = conn.settings().client()?;
-    client.delete_pool(&args.name).await?;
+    // A missing pool fails (exit 1, `contextctl: sandbox pool not found`).
+    client
+        .delete_pool(&args.name)
+        .await
+        .map_err(upstream_error)?;
     match output {
         OutputFormat::Json => print_json(&serde_json::json!({ "deleted": args.name }))?,
         OutputFormat::Text => println!("deleted {}", args.name),
@@ -326,6 +340,7 @@ pub async fn wait(
                     Duration::from_secs(1).min(deadline.saturating_duration_since(Instant::now()));
                 tokio::time::sleep(pause).await;
             }
+            Err(e @ ClientError::Api { .. }) => return Err(upstream_error(e)),
             Err(e) => return Err(e).with_context(|| format!("waiting for {}", args.name)),
         }
     }

@@ -35,10 +35,9 @@ impl Default for PoolQuotas {
 
 /// Owner-scoped access to pools and named contexts.
 ///
-/// Another owner's pool or context is answered exactly like a missing one.
-/// `DELETE` is idempotent: when the pool (or context) is gone, or belongs to
-/// someone else, the caller's goal "no such pool of mine" is met and the
-/// answer is `204` either way.
+/// Another owner's pool or context is answered exactly like a missing one,
+/// on `DELETE` too: [`PoolError::NotFound`] (`404`), as upstream and
+/// Kubernetes answer, so a second delete tells the caller it was gone.
 #[derive(Clone)]
 pub struct PoolService {
     backend: Arc<dyn SandboxBackend>,
@@ -183,20 +182,24 @@ impl PoolService {
         Ok(pools)
     }
 
-    /// Deletes the caller's pool `name`; `Ok` also when there is none.
+    /// Deletes the caller's pool `name`; [`PoolError::NotFound`] when the
+    /// caller has none (also when a concurrent delete removed it first).
     pub async fn delete(&self, name: &str, owner_scope: &str) -> PoolResult<()> {
         if self.owned(name, owner_scope).await?.is_none() {
-            return Ok(());
+            return Err(PoolError::NotFound(Subject::Pool));
         }
         let backend = self.backend.clone();
         let owned_name = name.to_owned();
         // Like creation, a started deletion finishes even if the client leaves.
-        detached(
+        let deleted = detached(
             Subject::Pool,
             format!("delete sandbox pool {name}"),
             async move { backend.delete_pool(&owned_name).await },
         )
         .await?;
+        if !deleted {
+            return Err(PoolError::NotFound(Subject::Pool));
+        }
         tracing::info!(pool = %name, "sandbox pool deleted");
         Ok(())
     }
@@ -272,7 +275,8 @@ impl PoolService {
         Ok(items)
     }
 
-    /// Deletes the caller's named context; `Ok` also when there is none.
+    /// Deletes the caller's named context; [`PoolError::NotFound`] when the
+    /// caller has none.
     pub async fn delete_context(
         &self,
         namespace: &str,
@@ -284,15 +288,18 @@ impl PoolService {
             .await?
             .is_none()
         {
-            return Ok(());
+            return Err(PoolError::NotFound(Subject::Context));
         }
         let backend = self.backend.clone();
         let (ns, n) = (namespace.to_owned(), name.to_owned());
         let doing = format!("delete context {namespace}/{name}");
-        detached(Subject::Context, doing, async move {
+        let deleted = detached(Subject::Context, doing, async move {
             backend.delete_context(&ns, &n).await
         })
         .await?;
+        if !deleted {
+            return Err(PoolError::NotFound(Subject::Context));
+        }
         Ok(())
     }
 
@@ -477,10 +484,13 @@ mod tests {
         let err = service.create_context(&ctx, "o").await.unwrap_err();
         assert!(matches!(err, PoolError::AlreadyExists(Subject::Context)));
         assert_eq!(err.to_string(), CONTEXT_EXISTS);
-        // Missing and invalid names are simply absent; delete is idempotent.
+        // Missing and invalid names are simply absent, for delete too.
         let err = service.get("Not_A_Name", "o").await.unwrap_err();
         assert!(matches!(err, PoolError::NotFound(Subject::Pool)));
         assert_eq!(err.to_string(), POOL_NOT_FOUND);
-        service.delete("p", "o").await.unwrap();
+        let err = service.delete("p", "o").await.unwrap_err();
+        assert!(matches!(err, PoolError::NotFound(Subject::Pool)));
+        let err = service.delete_context("ns", "c", "o").await.unwrap_err();
+        assert!(matches!(err, PoolError::NotFound(Subject::Context)));
     }
 }

@@ -112,10 +112,15 @@ async fn pool_lifecycle_in_text_and_json() {
         tokio::task::block_in_place(|| ctl.ok(&["rm", "demo"])),
         "deleted demo\n"
     );
+    // Deleting it again fails like upstream's contextctl: exit 1 and the
+    // service's message alone, nothing on stdout.
+    let again = tokio::task::block_in_place(|| ctl.run(&["delete", "demo"]));
+    assert_eq!(again.status.code(), Some(1));
     assert_eq!(
-        tokio::task::block_in_place(|| ctl.ok(&["delete", "demo"])),
-        "deleted demo\n"
+        String::from_utf8_lossy(&again.stderr),
+        "contextctl: sandbox pool not found\n"
     );
+    assert!(again.stdout.is_empty());
     tokio::task::block_in_place(|| ctl.fails(&["get", "demo"], "sandbox pool not found"));
     tokio::task::block_in_place(|| {
         ctl.fails(&["wait", "demo", "-t", "5s"], "sandbox pool not found")

@@ -508,11 +508,12 @@ async fn undecodable_paths_unknown_routes_and_methods_answer_json() {
         .unwrap();
     assert_error(resp, 400, "invalid_request", "UTF-8").await;
 
-    assert_error(
+    // Unknown routes and wrong methods answer like Go's mux (upstream
+    // compatibility), not JSON.
+    assert_go_text(
         get("/v1/nothing-here").await.unwrap(),
         404,
-        "not_found",
-        "no API route",
+        "404 page not found\n",
     )
     .await;
     let resp = http
@@ -523,7 +524,7 @@ async fn undecodable_paths_unknown_routes_and_methods_answer_json() {
         .unwrap();
     let allow = resp.headers()["allow"].to_str().unwrap().to_owned();
     assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
-    assert_error(resp, 405, "method_not_allowed", "Allow header").await;
+    assert_go_text(resp, 405, "Method Not Allowed\n").await;
 }
 
 /// A random method token (`A-Z0-9`, 1 to 12 characters) that is not a
@@ -658,11 +659,10 @@ async fn metrics_can_have_their_own_address() {
         200
     );
     // Not on the API address...
-    assert_error(
+    assert_go_text(
         http.get(format!("{api}/metrics")).send().await.unwrap(),
         404,
-        "not_found",
-        "no API route",
+        "404 page not found\n",
     )
     .await;
     // ...but on its own, counting the API's requests.
@@ -672,11 +672,10 @@ async fn metrics_can_have_their_own_address() {
         "{text}"
     );
     // The metrics address serves nothing else.
-    assert_error(
+    assert_go_text(
         http.get(format!("{metrics}/healthz")).send().await.unwrap(),
         404,
-        "not_found",
-        "no API route",
+        "404 page not found\n",
     )
     .await;
 
@@ -870,4 +869,15 @@ async fn bundle_size_rejections_answer_their_own_413_code() {
         assert_error(resp, 413, code, message).await;
         assert_others_served(&server, &bob).await;
     }
+}
+
+/// A plain-text answer exactly as Go's `net/http` writes it.
+async fn assert_go_text(resp: reqwest::Response, status: u16, body: &str) {
+    assert_eq!(resp.status().as_u16(), status);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/plain; charset=utf-8",
+        "content type"
+    );
+    assert_eq!(resp.text().await.unwrap(), body);
 }
