@@ -71,6 +71,12 @@ impl GoKind {
     }
 }
 
+/// The struct a missing nested field reads as.
+static EMPTY: GoStruct = GoStruct {
+    go_type: "",
+    fields: &[],
+};
+
 /// A decoded field value.
 #[derive(Debug, Clone)]
 enum Slot {
@@ -106,45 +112,53 @@ impl Decoded {
         }
     }
 
-    fn slot(&self, json: &str) -> &Slot {
-        let i = self
+    /// The slot of field `json`. The schemas are static and the callers
+    /// name their fields; a wrong name is a bug, caught in debug builds
+    /// (release builds read the zero value rather than failing a request).
+    fn slot(&self, json: &str) -> Option<&Slot> {
+        let slot = self
             .schema
             .fields
             .iter()
             .position(|f| f.json == json)
-            .unwrap_or_else(|| panic!("{} has no field {json}", self.schema.go_type));
-        &self.slots[i]
+            .map(|i| &self.slots[i]);
+        debug_assert!(
+            slot.is_some(),
+            "{} has no field {json}",
+            self.schema.go_type
+        );
+        slot
     }
 
-    /// A `string` field.
+    /// A `string` field (`""` when unset).
     pub fn string(&self, json: &str) -> String {
         match self.slot(json) {
-            Slot::Str(s) => s.clone(),
-            other => panic!("{json} is not a string: {other:?}"),
+            Some(Slot::Str(s)) => s.clone(),
+            _ => String::new(),
         }
     }
 
-    /// An `int` field.
+    /// An `int` field (`0` when unset).
     pub fn int(&self, json: &str) -> i64 {
         match self.slot(json) {
-            Slot::Int(n) => *n,
-            other => panic!("{json} is not an int: {other:?}"),
+            Some(Slot::Int(n)) => *n,
+            _ => 0,
         }
     }
 
     /// A `*bool` field.
     pub fn opt_bool(&self, json: &str) -> Option<bool> {
         match self.slot(json) {
-            Slot::Bool(b) => *b,
-            other => panic!("{json} is not a *bool: {other:?}"),
+            Some(Slot::Bool(b)) => *b,
+            _ => None,
         }
     }
 
-    /// A nested struct field.
-    pub fn nested(&self, json: &str) -> &Decoded {
+    /// A nested struct field (all zero when unset).
+    pub fn nested(&self, json: &str) -> Decoded {
         match self.slot(json) {
-            Slot::Struct(d) => d,
-            other => panic!("{json} is not a struct: {other:?}"),
+            Some(Slot::Struct(d)) => d.clone(),
+            _ => Decoded::zero(&EMPTY),
         }
     }
 
