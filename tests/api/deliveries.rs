@@ -809,10 +809,13 @@ async fn workload_state_scopes_and_delegation() {
         .await;
     assert_error(resp, 401, "token_required", "").await;
 
-    // A trusted service acts for alice: the run is hers.
+    // A delegate acts only for users: `user:alice` is not the token subject
+    // alice, so her workload is not one it can reach.
     let service = Caller::with_token(&server, server.token("svc", "delegate workloads:deliver"))
         .with_header("x-context-subject", "user:alice");
-    let d = json(deliver(&service, "w", body.clone()).await, 201).await;
+    let resp = deliver(&service, "w", body.clone()).await;
+    assert_error(resp, 404, "workload_not_found", "workload \"w\" not found").await;
+    let d = json(deliver(&alice, "w", body.clone()).await, 201).await;
     assert_eq!(d["deliveries"][0]["sandbox"], "sandbox-p-0");
     let list = json(alice.get("/v1/workloads/w/deliveries").await, 200).await;
     assert_eq!(list["deliveries"][0]["runId"], "r");
@@ -829,7 +832,7 @@ async fn workload_state_scopes_and_delegation() {
         "run \"r\" is registered with revision",
     )
     .await;
-    let resp = service.delete("/v1/workloads/w/deliveries/r").await;
+    let resp = alice.delete("/v1/workloads/w/deliveries/r").await;
     assert_eq!(resp.status().as_u16(), 204);
     let d = json(deliver(&alice, "w", body).await, 201).await;
     assert_eq!(d["revision"], new_rev.as_str());
