@@ -126,7 +126,11 @@ pub fn make_private(root: &Path, keep_contents: &[&str]) -> Tightened {
                 .is_some_and(|name| keep_contents.iter().any(|k| name == *k));
         if meta.is_dir() && !kept {
             match fs::read_dir(&path) {
-                Ok(entries) => stack.extend(entries.filter_map(|e| e.ok()).map(|e| e.path())),
+                Ok(entries) => stack.extend(
+                    entries
+                        .filter_map(std::result::Result::ok)
+                        .map(|e| e.path()),
+                ),
                 Err(e) => done.failed_at(&path, &e),
             }
         }
@@ -234,7 +238,7 @@ mod tests {
         );
         let leftovers: Vec<_> = fs::read_dir(dir.path().join("sub"))
             .unwrap()
-            .filter_map(|e| e.ok())
+            .filter_map(std::result::Result::ok)
             .filter(|e| e.file_name().to_string_lossy().starts_with(TEMP_PREFIX))
             .collect();
         assert!(leftovers.is_empty());

@@ -104,7 +104,7 @@ impl Metrics {
         let mut guard = self
             .registry
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(&mut guard)
     }
 

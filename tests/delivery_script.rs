@@ -133,7 +133,7 @@ impl Shell {
                     eprintln!(
                         "note: this busybox has no flock applet (Debian builds it without); \
                          linking util-linux flock instead"
-                    )
+                    );
                 });
                 which("flock").expect("util-linux flock")
             } else {
@@ -778,7 +778,7 @@ fn tampered_cache_is_delivered_again(sh: &Shell) {
             .open(&file)
             .unwrap()
             .write_all(b"!")
-            .unwrap()
+            .unwrap();
     });
     let (need, _) = deliver_run(Verify::Default);
     assert_eq!(need, b.report.bundle_bytes, "size change detected");
@@ -786,28 +786,28 @@ fn tampered_cache_is_delivered_again(sh: &Shell) {
 
     // A file added.
     tamper(&tree, None, || {
-        fs::write(tree.join("extra.txt"), b"e").unwrap()
+        fs::write(tree.join("extra.txt"), b"e").unwrap();
     });
     assert_eq!(deliver_run(Verify::Default).0, b.report.bundle_bytes);
     intact(&view);
 
     // A file removed.
     tamper(&tree, None, || {
-        fs::remove_file(tree.join("gone.txt")).unwrap()
+        fs::remove_file(tree.join("gone.txt")).unwrap();
     });
     assert_eq!(deliver_run(Verify::Default).0, b.report.bundle_bytes);
     intact(&view);
 
     // A mode changed (the read-only bit undone).
     tamper(&tree.join("d"), None, || {
-        fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap()
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
     });
     assert_eq!(deliver_run(Verify::Default).0, b.report.bundle_bytes);
     assert_eq!(fs::metadata(&file).unwrap().mode() & 0o777, 0o444);
 
     // Same size, other content: the default check cannot see it, full does.
     tamper(&tree.join("d"), Some(&file), || {
-        fs::write(&file, b"ORIGINAL").unwrap()
+        fs::write(&file, b"ORIGINAL").unwrap();
     });
     assert_eq!(
         deliver_run(Verify::Default).0,

@@ -51,7 +51,7 @@ async fn with_delivery_env<F, Fut>(
         .await;
         body(Env { kube, ns, server }).await
     })
-    .await
+    .await;
 }
 
 /// The kwok `Exec` rules.

@@ -67,7 +67,7 @@ async fn volumes_of(env: &Env, sandbox: &str) -> Result<[(String, bool, bool); 2
 }
 
 fn names(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
+    list.iter().map(std::string::ToString::to_string).collect()
 }
 
 // --- dedicated ---------------------------------------------------------------

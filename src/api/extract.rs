@@ -141,8 +141,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         let bytes = axum::body::to_bytes(Body::new(req.into_body()), JSON_LIMIT)
             .await
             .map_err(|e| {
-                let limit = std::error::Error::source(&e)
-                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+                let limit = std::error::Error::source(&e).is_some_and(
+                    <dyn std::error::Error + 'static>::is::<http_body_util::LengthLimitError>,
+                );
                 if limit {
                     too_large()
                 } else {

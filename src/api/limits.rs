@@ -46,7 +46,7 @@ const LONG_POLL_ROUTE: &str = "/v1/sandbox-pools/{name}";
 /// sees a body error (and fails however it fails); the answer is then
 /// replaced by `408 request_timeout` and the connection closed, since the
 /// rest of the body was never read.
-pub async fn body_idle_timeout(
+pub(super) async fn body_idle_timeout(
     State(limits): State<RequestLimits>,
     request: Request,
     next: Next,
@@ -84,7 +84,7 @@ pub async fn body_idle_timeout(
 /// Middleware: a request that is neither a bundle transfer nor a
 /// long-poll must produce its answer within `deadline`; otherwise its
 /// handler is dropped and the answer is `503 deadline_exceeded`.
-pub async fn deadline(
+pub(super) async fn deadline(
     State(limits): State<RequestLimits>,
     request: Request,
     next: Next,

@@ -20,7 +20,7 @@ use crate::pool::validate::{CreatePoolRequest, WorkspaceRequest};
 use crate::pool::view::{Pool, PoolList};
 
 /// Default of `timeout` for `?wait=ready`.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_WAIT: Duration = Duration::from_secs(60);
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()

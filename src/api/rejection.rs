@@ -13,7 +13,7 @@ use super::error::ApiError;
 /// decoded.
 #[derive(Debug, FromRequestParts)]
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
-pub struct ApiPath<T>(pub T);
+pub(super) struct ApiPath<T>(pub T);
 
 impl From<PathRejection> for ApiError {
     fn from(rejection: PathRejection) -> Self {

@@ -153,7 +153,7 @@ async fn upload(
                 .to_ascii_lowercase()
         });
     match content_type.as_deref() {
-        Some(BUNDLE_MEDIA_TYPE) | Some("application/gzip") => {}
+        Some(BUNDLE_MEDIA_TYPE | "application/gzip") => {}
         other => {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,

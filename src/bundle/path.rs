@@ -161,7 +161,7 @@ mod tests {
             .map(|s| CanonPath(s.to_string()))
             .collect();
         v.sort();
-        let got: Vec<&str> = v.iter().map(|p| p.as_str()).collect();
+        let got: Vec<&str> = v.iter().map(super::CanonPath::as_str).collect();
         assert_eq!(got, ["a", "a/b", "a/b/c", "a-b", "a.b", "b"]);
     }
 

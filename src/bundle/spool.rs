@@ -114,7 +114,7 @@ impl Spool {
         let file = self
             .writer
             .into_inner()
-            .map_err(|e| e.into_error())?
+            .map_err(std::io::IntoInnerError::into_error)?
             .into_inner();
         Ok(SpoolFile {
             file,

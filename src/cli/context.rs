@@ -149,7 +149,7 @@ pub async fn run(
                 .map_err(upstream_error)?;
             match output {
                 OutputFormat::Json => {
-                    print_json(&serde_json::json!({ "deleted": format!("{namespace}/{name}") }))?
+                    print_json(&serde_json::json!({ "deleted": format!("{namespace}/{name}") }))?;
                 }
                 OutputFormat::Text => println!("deleted {namespace}/{name}"),
             }

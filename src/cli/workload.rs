@@ -212,7 +212,7 @@ pub async fn run(
             client.delete_workload(&name).await?;
             match output {
                 OutputFormat::Json => {
-                    print_json(&serde_json::json!({"name": name, "deleted": true}))?
+                    print_json(&serde_json::json!({"name": name, "deleted": true}))?;
                 }
                 OutputFormat::Text => println!("deleted {name}"),
             }
@@ -250,7 +250,7 @@ pub async fn run(
             client.release(&name, &run).await?;
             match output {
                 OutputFormat::Json => {
-                    print_json(&serde_json::json!({"runId": run, "released": true}))?
+                    print_json(&serde_json::json!({"runId": run, "released": true}))?;
                 }
                 OutputFormat::Text => println!("released {run}"),
             }

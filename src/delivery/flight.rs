@@ -38,7 +38,10 @@ impl<K: Hash + Eq + Clone> KeyedLocks<K> {
     /// Waits for the lock of `key`.
     pub(super) async fn lock(&self, key: K) -> KeyGuard<K> {
         let lock = {
-            let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = self
+                .locks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             map.entry(key.clone()).or_default().clone()
         };
         KeyGuard {
@@ -51,14 +54,20 @@ impl<K: Hash + Eq + Clone> KeyedLocks<K> {
     /// How many keys are tracked (held or waited for).
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.locks.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 }
 
 impl<K: Hash + Eq + Clone> Drop for KeyGuard<K> {
     fn drop(&mut self) {
         self.guard.take();
-        let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self
+            .locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Only the map holds it: nobody waits, so forget the key.
         if map
             .get(&self.key)

@@ -564,7 +564,7 @@ impl DeliveryService {
             Failure::Write(e) => tracing::warn!(sandbox, error = %e, "{what}: write failed"),
             Failure::Protocol(e) => tracing::warn!(sandbox, error = %e, "{what}: protocol"),
             Failure::Script { code, reason } => {
-                tracing::warn!(sandbox, code, reason, "{what} failed in the sandbox")
+                tracing::warn!(sandbox, code, reason, "{what} failed in the sandbox");
             }
         }
         failure.reason()

@@ -49,7 +49,9 @@ impl QuotaGate {
 
     fn pending(&self) -> MutexGuard<'_, HashMap<String, HashMap<String, u64>>> {
         // Plain counters: still consistent after a panic elsewhere.
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Reserves `amount` under `key` for `owner` when what the owner holds

@@ -83,7 +83,9 @@ impl UploadGate {
 
     fn running(&self) -> MutexGuard<'_, Running> {
         // The counts stay consistent even if a holder panicked.
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Admits the upload of `ticket`, or says why not: its grant is in use

@@ -11,14 +11,14 @@ use crate::cache::CacheStats;
 
 /// Label of a rejected upload.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
+pub(super) struct ReasonLabels {
     /// The inspector's reason code, or `upload_too_large`.
     pub reason: String,
 }
 
 /// Label of a download.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabels {
+pub(super) struct SourceLabels {
     /// `memory` (cache hit or load) or `disk` (streamed from the blob).
     pub source: String,
 }

@@ -570,7 +570,7 @@ fn context_checksums_not_json() {
 }
 
 /// Deterministic incompressible bytes.
-pub fn pseudo_random(n: usize) -> Vec<u8> {
+pub(crate) fn pseudo_random(n: usize) -> Vec<u8> {
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     (0..n)
         .map(|_| {

@@ -5,7 +5,7 @@ use reqwest::Response;
 
 /// An answer: status, the headers that matter, and the body as text.
 #[derive(Debug)]
-pub struct Exact {
+pub(crate) struct Exact {
     /// Status code.
     pub status: u16,
     /// `Content-Type`, if any.
@@ -17,7 +17,7 @@ pub struct Exact {
 }
 
 /// Reads `resp` completely.
-pub async fn exact(resp: Response) -> Exact {
+pub(crate) async fn exact(resp: Response) -> Exact {
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let content_type = headers
@@ -34,7 +34,7 @@ pub async fn exact(resp: Response) -> Exact {
 
 /// Asserts a JSON answer of upstream's: `status`, `Content-Type:
 /// application/json` (no charset) and exactly `body` (which ends in `\n`).
-pub async fn assert_json(resp: Response, status: u16, body: &str) {
+pub(crate) async fn assert_json(resp: Response, status: u16, body: &str) {
     let got = exact(resp).await;
     assert_eq!((got.status, got.body.as_str()), (status, body), "{got:?}");
     assert_eq!(got.content_type.as_deref(), Some("application/json"));
@@ -42,7 +42,7 @@ pub async fn assert_json(resp: Response, status: u16, body: &str) {
 
 /// `{"error":"<code>","message":"<message>"}\n`, as upstream writes errors
 /// (Go escapes `<`, `>` and `&`; outside strings JSON has none of them).
-pub fn error_body(code: &str, message: &str) -> String {
+pub(crate) fn error_body(code: &str, message: &str) -> String {
     let body = serde_json::to_string(&serde_json::json!({
         "error": code,
         "message": message,

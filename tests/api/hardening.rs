@@ -88,7 +88,7 @@ async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>,
         let left = limit.saturating_sub(started.elapsed());
         match tokio::time::timeout(left, stream.read(&mut buf)).await {
             Err(_) => return (got, None),
-            Ok(Ok(0)) | Ok(Err(_)) => return (got, Some(started.elapsed())),
+            Ok(Ok(0) | Err(_)) => return (got, Some(started.elapsed())),
             Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
         }
     }
@@ -155,7 +155,7 @@ async fn create_workload(server: &TestServer, token: &str, name: &str) {
 
 fn files_in(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir)
-        .map(|entries| entries.count())
+        .map(std::iter::Iterator::count)
         .unwrap_or(0)
 }
 
@@ -459,13 +459,13 @@ async fn zero_timeouts_and_caps_are_refused_at_start() {
     type Adjust = fn(&mut ServeConfig);
     let cases: [(&str, Adjust); 4] = [
         ("--header-read-timeout", |c| {
-            c.header_read_timeout = Duration::ZERO
+            c.header_read_timeout = Duration::ZERO;
         }),
         ("--body-idle-timeout", |c| {
-            c.body_idle_timeout = Duration::ZERO
+            c.body_idle_timeout = Duration::ZERO;
         }),
         ("--request-deadline", |c| {
-            c.request_deadline = Duration::ZERO
+            c.request_deadline = Duration::ZERO;
         }),
         ("--max-connections", |c| c.max_connections = 0),
     ];

@@ -122,7 +122,7 @@ async fn read_limited(body: Body) -> Result<(Vec<u8>, bool), ApiError> {
 async fn drain(mut body: Body, mut seen: usize) {
     while seen < DRAIN_LIMIT {
         match body.frame().await {
-            Some(Ok(frame)) => seen += frame.data_ref().map_or(0, |d| d.len()),
+            Some(Ok(frame)) => seen += frame.data_ref().map_or(0, bytes::Bytes::len),
             _ => return,
         }
     }

@@ -4,7 +4,7 @@
 /// `s` in double quotes with Go's escapes: `\"`, `\\`, `\a` `\b` `\f` `\n`
 /// `\r` `\t` `\v`, `\xHH` for other ASCII controls, `\uHHHH`/`\UHHHHHHHH`
 /// for other characters Go does not consider printable.
-pub fn go_quote(s: &str) -> String {
+pub(super) fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

@@ -238,7 +238,9 @@ pub(crate) fn spawn_sink(job: SinkJob) -> io::Result<(ChunkSender, Sink)> {
             let gz = match gz {
                 Some(g) => {
                     let (buffered, digest, bytes) = g.finish()?.finish();
-                    let file = buffered.into_inner().map_err(|e| e.into_error())?;
+                    let file = buffered
+                        .into_inner()
+                        .map_err(std::io::IntoInnerError::into_error)?;
                     Some((file.into_inner(), digest, bytes))
                 }
                 None => None,

@@ -449,7 +449,7 @@ impl InFlight {
         // The set stays consistent even if a holder panicked.
         self.0
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Marks `name` in flight; `None` if it already is.

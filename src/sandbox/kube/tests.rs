@@ -232,7 +232,7 @@ impl FakeApi {
         };
         let namespace = segments[at + 1].to_string();
         let plural = segments[at + 2].to_string();
-        let path_name = segments.get(at + 3).map(|s| s.to_string());
+        let path_name = segments.get(at + 3).map(std::string::ToString::to_string);
         let body_name = body["metadata"]["name"].as_str().map(str::to_string);
         let name = path_name.clone().or(body_name);
         let query = parts.uri.query().unwrap_or_default().to_string();

@@ -106,7 +106,7 @@ impl SelectorWatches {
         let mut stores = self
             .stores
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((store, _)) = stores.get(selector) {
             return store.clone();
         }

@@ -180,7 +180,7 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn list_pools(&self) -> Result<Vec<PoolStatus>, BackendError> {
-        self.blocking(|inner| inner.list_pools()).await
+        self.blocking(Inner::list_pools).await
     }
 
     async fn delete_pool(&self, name: &str) -> Result<bool, BackendError> {
@@ -235,7 +235,7 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
-        self.blocking(|inner| inner.list_all_contexts()).await
+        self.blocking(Inner::list_all_contexts).await
     }
 
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {

@@ -131,7 +131,7 @@ fn kwok_status(code: i32) -> Vec<u8> {
 }
 
 fn run(argv: &[&str]) -> Vec<String> {
-    argv.iter().map(|s| s.to_string()).collect()
+    argv.iter().map(std::string::ToString::to_string).collect()
 }
 
 /// Writes `input` and reads stdout at the same time, then awaits the end.
