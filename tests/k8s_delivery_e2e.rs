@@ -191,7 +191,7 @@ async fn through_frames(
 /// against larger ones). Ignored: a measurement, not a check.
 /// `cargo test --release --features e2e --test k8s_delivery_e2e -- --ignored --nocapture exec_stdin_throughput`
 #[tokio::test]
-#[ignore]
+#[ignore = "measurement; run explicitly (see the doc comment)"]
 async fn exec_stdin_throughput() {
     with_namespace("e2e-exec-rate", |kube, ns| async move {
         plain_pod(&kube, &ns, "rate").await?;
