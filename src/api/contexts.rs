@@ -83,7 +83,7 @@ async fn remove(
 
 /// Decodes a create-context body like upstream's
 /// `contextresource.CreateRequest`.
-fn decode_create(value: &serde_json::Value) -> ApiResult<CreateContextRequest> {
+pub fn decode_create(value: &serde_json::Value) -> ApiResult<CreateContextRequest> {
     let top = Fields::top(value, "contextresource.CreateRequest", "CreateRequest")?;
     top.deny_unknown(&["name", "namespace", "type", "storage"])?;
     let mut req = CreateContextRequest {

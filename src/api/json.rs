@@ -37,14 +37,20 @@ pub async fn read_first_value(body: Body) -> Result<Value, ApiError> {
             buf.extend_from_slice(&data);
         }
     }
-    let mut values = serde_json::Deserializer::from_slice(&buf).into_iter::<Value>();
+    first_value(&buf, too_large)
+}
+
+/// The first JSON value of `buf`, the body read so far; `truncated` when
+/// the body went on past [`MAX_BODY`].
+pub fn first_value(buf: &[u8], truncated: bool) -> Result<Value, ApiError> {
+    let mut values = serde_json::Deserializer::from_slice(buf).into_iter::<Value>();
     match values.next() {
         Some(Ok(value)) => Ok(value),
         // The first value did not end within the limit.
-        _ if too_large => Err(ApiError::invalid_request("http: request body too large")),
+        _ if truncated => Err(ApiError::invalid_request("http: request body too large")),
         None => Err(ApiError::invalid_request("EOF")),
         Some(Err(e)) if e.is_eof() => Err(ApiError::invalid_request("unexpected EOF")),
-        Some(Err(e)) => Err(ApiError::invalid_request(syntax_message(&buf, &e))),
+        Some(Err(e)) => Err(ApiError::invalid_request(syntax_message(buf, &e))),
     }
 }
 

@@ -2,6 +2,7 @@
 //! authorise, call a service and map the result.
 
 mod contexts;
+pub mod decode;
 pub mod error;
 pub mod error_body;
 pub mod extract;

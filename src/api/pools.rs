@@ -108,7 +108,7 @@ async fn remove(
 }
 
 /// Decodes a create-pool body like upstream's `pool.CreateRequest`.
-fn decode_create(value: &serde_json::Value) -> ApiResult<CreatePoolRequest> {
+pub fn decode_create(value: &serde_json::Value) -> ApiResult<CreatePoolRequest> {
     let top = Fields::top(value, "pool.CreateRequest", "CreateRequest")?;
     top.deny_unknown(&["name", "replicas", "warmPoolRef", "workspace"])?;
     let mut req = CreatePoolRequest {
