@@ -47,10 +47,11 @@ libfuzzer_sys::fuzz_target!(|input: (Body, &[u8])| {
     let (body, bytes) = input;
     match body {
         Body::Pool { truncated } => {
-            let req = match decode::first_value(bytes, truncated).and_then(|v| decode::pool_create(&v)) {
-                Ok(req) => req,
-                Err(e) => return refused(&e),
-            };
+            let req =
+                match decode::first_value(bytes, truncated).and_then(|v| decode::pool_create(&v)) {
+                    Ok(req) => req,
+                    Err(e) => return refused(&e),
+                };
             if let Ok(spec) = validate::pool(&req, "0123456789abcdef0123456789abcdef") {
                 assert!((1..=100).contains(&spec.replicas), "{spec:?}");
                 assert!(validate::is_pool_name(&spec.name), "{spec:?}");
@@ -58,7 +59,9 @@ libfuzzer_sys::fuzz_target!(|input: (Body, &[u8])| {
             }
         }
         Body::Context { truncated } => {
-            let req = match decode::first_value(bytes, truncated).and_then(|v| decode::context_create(&v)) {
+            let req = match decode::first_value(bytes, truncated)
+                .and_then(|v| decode::context_create(&v))
+            {
                 Ok(req) => req,
                 Err(e) => return refused(&e),
             };
@@ -83,8 +86,16 @@ libfuzzer_sys::fuzz_target!(|input: (Body, &[u8])| {
             match decode::parse_json::<decode::ActivateBody>(bytes, content_type.header()) {
                 Ok(body) => {
                     let hex = body.revision.len() == 64
-                        && body.revision.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-                    assert_eq!(names::is_valid_revision(&body.revision), hex, "{:?}", body.revision);
+                        && body
+                            .revision
+                            .bytes()
+                            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                    assert_eq!(
+                        names::is_valid_revision(&body.revision),
+                        hex,
+                        "{:?}",
+                        body.revision
+                    );
                 }
                 Err(e) => refused(&e),
             }

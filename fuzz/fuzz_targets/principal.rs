@@ -61,8 +61,8 @@ fn sign(header: &str, claims: &str) -> String {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let message = format!("{}.{}", b64.encode(header), b64.encode(claims));
     let key = EncodingKey::from_secret(SECRET).expect("key");
-    let signature = jsonwebtoken::crypto::sign(message.as_bytes(), &key, Algorithm::HS256)
-        .expect("sign");
+    let signature =
+        jsonwebtoken::crypto::sign(message.as_bytes(), &key, Algorithm::HS256).expect("sign");
     format!("Bearer {message}.{signature}")
 }
 
@@ -74,7 +74,13 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
     let value = match input.authorization {
         Authorization::Raw(bytes) => bytes.to_vec(),
         Authorization::Signed { header, claims } => sign(header, claims).into_bytes(),
-        Authorization::Shaped { sub, aud, scope, exp_offset, iat_offset } => {
+        Authorization::Shaped {
+            sub,
+            aud,
+            scope,
+            exp_offset,
+            iat_offset,
+        } => {
             let mut claims = serde_json::json!({
                 "sub": sub, "iss": "context-service", "scope": scope,
                 "exp": now() + i64::from(exp_offset),
@@ -90,11 +96,15 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
         }
     };
     let mut headers = HeaderMap::new();
-    let Ok(value) = HeaderValue::from_bytes(&value) else { return };
+    let Ok(value) = HeaderValue::from_bytes(&value) else {
+        return;
+    };
     headers.insert(http::header::AUTHORIZATION, value);
     let mut named = None;
     if let Some(subject) = input.subject {
-        let Ok(value) = HeaderValue::from_bytes(subject) else { return };
+        let Ok(value) = HeaderValue::from_bytes(subject) else {
+            return;
+        };
         named = value.to_str().ok().map(str::to_owned);
         headers.insert("x-context-subject", value);
     }

@@ -117,7 +117,9 @@ async fn recovery_after_a_crash() {
     {
         // The delete got as far as marking the record.
         let store = RedbStore::open(&dir.path().join("store/meta.redb")).unwrap();
-        let mut rec = store.workload("alice", "doomed").unwrap().unwrap();
+        // Stored under the token subject alice (owners carry their kind).
+        let owner = context_service::auth::Owner::Subject("alice".into()).key();
+        let mut rec = store.workload(&owner, "doomed").unwrap().unwrap();
         rec.status = WorkloadStatus::Deleting;
         store.replace_workload(&rec, None).unwrap();
     }
