@@ -46,15 +46,26 @@ enum Authorization<'a> {
         sub: &'a str,
         aud: Vec<&'a str>,
         scope: &'a str,
+        /// Adds the `delegate` scope (a hash lookup gives the fuzzer no
+        /// comparison to learn it from).
+        delegate: bool,
         exp_offset: i32,
         iat_offset: Option<i32>,
     },
 }
 
 #[derive(Debug, Arbitrary)]
+enum SubjectHeader<'a> {
+    /// The header's bytes as they arrive.
+    Raw(&'a [u8]),
+    /// `user:<id>`.
+    User(&'a str),
+}
+
+#[derive(Debug, Arbitrary)]
 struct Input<'a> {
     authorization: Authorization<'a>,
-    subject: Option<&'a [u8]>,
+    subject: Option<SubjectHeader<'a>>,
 }
 
 fn sign(header: &str, claims: &str) -> String {
@@ -78,9 +89,15 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
             sub,
             aud,
             scope,
+            delegate,
             exp_offset,
             iat_offset,
         } => {
+            let scope = if delegate {
+                format!("{scope} delegate")
+            } else {
+                scope.to_owned()
+            };
             let mut claims = serde_json::json!({
                 "sub": sub, "iss": "context-service", "scope": scope,
                 "exp": now() + i64::from(exp_offset),
@@ -102,7 +119,11 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
     headers.insert(http::header::AUTHORIZATION, value);
     let mut named = None;
     if let Some(subject) = input.subject {
-        let Ok(value) = HeaderValue::from_bytes(subject) else {
+        let bytes = match subject {
+            SubjectHeader::Raw(bytes) => bytes.to_vec(),
+            SubjectHeader::User(id) => format!("user:{id}").into_bytes(),
+        };
+        let Ok(value) = HeaderValue::from_bytes(&bytes) else {
             return;
         };
         named = value.to_str().ok().map(str::to_owned);
