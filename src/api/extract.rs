@@ -150,27 +150,35 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
                     ApiError::invalid_request(format!("reading the body failed: {e}"))
                 }
             })?;
-        let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            let is_json = content_type.as_deref().is_some_and(|ct| {
-                let essence = ct.split(';').next().unwrap_or("").trim();
-                essence.eq_ignore_ascii_case("application/json")
-                    || essence.to_ascii_lowercase().ends_with("+json")
-            });
-            if !is_json {
-                return Err(ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "unsupported_media_type",
-                    "send the body as Content-Type: application/json",
-                ));
-            }
-            &bytes
-        };
-        serde_json::from_slice(body)
-            .map(ApiJson)
-            .map_err(|e| ApiError::invalid_request(format!("invalid JSON body: {e}")))
+        parse_json(&bytes, content_type.as_deref()).map(ApiJson)
     }
+}
+
+/// Decodes a JSON body read whole, sent as `content_type`: an empty (or
+/// all-whitespace) body is `{}`; anything else must be JSON.
+pub fn parse_json<T: DeserializeOwned>(
+    bytes: &[u8],
+    content_type: Option<&str>,
+) -> Result<T, ApiError> {
+    let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        let is_json = content_type.is_some_and(|ct| {
+            let essence = ct.split(';').next().unwrap_or("").trim();
+            essence.eq_ignore_ascii_case("application/json")
+                || essence.to_ascii_lowercase().ends_with("+json")
+        });
+        if !is_json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send the body as Content-Type: application/json",
+            ));
+        }
+        bytes
+    };
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_request(format!("invalid JSON body: {e}")))
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! authorise, call a service and map the result.
 
 mod contexts;
+pub mod decode;
 mod deliveries;
 pub mod error;
 pub mod error_body;

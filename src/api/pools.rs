@@ -162,7 +162,7 @@ pub(super) static CREATE_REQUEST: GoStruct = GoStruct {
 };
 
 /// The request a decoded `pool.CreateRequest` holds.
-fn create_request(body: &json::Decoded) -> CreatePoolRequest {
+pub(super) fn create_request(body: &json::Decoded) -> CreatePoolRequest {
     let ws = body.nested("workspace");
     CreatePoolRequest {
         name: body.string("name"),

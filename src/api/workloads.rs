@@ -36,17 +36,20 @@ pub(super) fn router() -> Router<AppState> {
 /// `POST /v1/workloads` body.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CreateBody {
-    name: Option<String>,
+pub struct CreateBody {
+    /// Requested name.
+    pub name: Option<String>,
+    /// Context type.
     #[serde(rename = "type")]
-    kind: Option<String>,
+    pub kind: Option<String>,
 }
 
 /// `POST /v1/workloads/{id}/activate` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ActivateBody {
-    revision: String,
+pub struct ActivateBody {
+    /// The revision to freeze.
+    pub revision: String,
 }
 
 async fn create(
