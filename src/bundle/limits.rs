@@ -15,8 +15,10 @@ pub struct Limits {
     /// Most bytes the gzip stream may inflate to (the whole tar stream,
     /// headers and padding included).
     pub inflated_bytes: u64,
-    /// Most tree entries: every tar member counts, and so does every parent
-    /// directory that the archive implies without listing it.
+    /// Most tree entries: each distinct path counts once, whether a member
+    /// lists it or the archive only implies it (a parent directory), and
+    /// whatever the order (an explicit directory after its files adds
+    /// nothing). The archive root (`./`) counts once if listed.
     pub entries: u64,
     /// Largest single regular file.
     pub file_bytes: u64,

@@ -406,6 +406,26 @@ fn ten_thousand_and_one_empty_files() {
 }
 
 #[test]
+fn a_directory_listed_after_its_files_counts_once() {
+    // 9,999 files in m/, then the entry m/ itself: 10,000 distinct paths.
+    let files = |n: usize| {
+        let mut b = TarBuf::new();
+        for i in 0..n {
+            b = b.file(&format!("m/f{i:05}"), b"");
+        }
+        b.dir("m/").finish()
+    };
+    let r = ok_tar(files(9_999));
+    assert_eq!(
+        (r.files, r.dirs, r.entries, r.input_entries),
+        (9_999, 1, 10_000, 10_000)
+    );
+    // One more file makes 10,001 distinct paths: refused at that file.
+    let e = reject_tar(files(10_000));
+    assert_rejected(&e, "too_many_entries", Some("m/f09999"));
+}
+
+#[test]
 fn implied_directories_count_as_entries() {
     let limits = Limits {
         entries: 3,

@@ -213,19 +213,26 @@ fn run<R: Read, W: Write>(
     let mut spec = Some(Speculation::start(level, temp_dir)?);
     let mut tree = Tree::default();
     let mut entries = 0u64;
+    let mut root_seen = false;
     let mut members = 0u64;
     let mut buf = vec![0u8; CHUNK];
 
     while let Some(member) = walker.next_member()? {
         members += 1;
-        entries += 1;
         let shown = member
             .path
             .as_ref()
             .map_or_else(|| member.name.clone(), |p| p.as_str().to_owned());
-        check_entries(entries, limits, &shown)?;
-        // The archive root (`./`) is implicit in the canonical tree.
-        let Some(path) = member.path else { continue };
+        // The archive root (`./`) is implicit in the canonical tree; it
+        // counts once, like every other distinct path.
+        let Some(path) = member.path else {
+            if !root_seen {
+                root_seen = true;
+                entries += 1;
+                check_entries(entries, limits, &shown)?;
+            }
+            continue;
+        };
         let created = match member.kind {
             MemberKind::Dir => tree.add_dir(path.clone())?,
             MemberKind::File { exec } => tree.add_file(
@@ -237,7 +244,9 @@ fn run<R: Read, W: Write>(
                 },
             )?,
         };
-        entries += created.iter().filter(|p| **p != path).count() as u64;
+        // Each distinct path counts once: an explicit directory that arrives
+        // after the files that implied it creates nothing new.
+        entries += created.len() as u64;
         check_entries(entries, limits, &shown)?;
 
         let out_of_order = match (&spec, created.first()) {
