@@ -4,7 +4,7 @@
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -186,6 +186,7 @@ async fn download(
     State(svc): State<WorkloadService>,
     principal: Principal,
     Path((id, revision)): Path<(String, String)>,
+    method: Method,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
@@ -219,7 +220,6 @@ async fn download(
             return Ok((out, err).into_response());
         }
     };
-    let bundle = svc.open_bundle(&id, &rev).await?;
     out.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(BUNDLE_MEDIA_TYPE),
@@ -235,6 +235,12 @@ async fn download(
         None => (StatusCode::OK, 0, len),
     };
     out.insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+    // HEAD answers from the record alone: it must neither load the bundle
+    // into the cache (evicting what GETs use) nor count as a download.
+    if method == Method::HEAD {
+        return Ok((status, out).into_response());
+    }
+    let bundle = svc.open_bundle(&id, &rev).await?;
     let stream = bundle
         .stream(start, end)
         .await

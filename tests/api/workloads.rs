@@ -760,6 +760,72 @@ async fn downloads_ranges_and_conditional_requests() {
     assert_eq!(resp.status(), 206);
 }
 
+/// The cache and download lines of `/metrics`.
+async fn cache_metrics(server: &TestServer) -> Vec<String> {
+    let text = Caller::anonymous(server)
+        .get("/metrics")
+        .await
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("context_service_bundle_cache_")
+                || l.starts_with("context_service_bundle_downloads_total")
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn head_answers_from_the_record_without_loading_the_cache() {
+    let server = TestServer::start().await;
+    let rev = uploaded(&server, "alice", "h", &[("a.bin", &noise(50_000, 5))]).await;
+    let revision = rev["revision"].as_str().unwrap();
+    let digest = rev["bundleDigest"].as_str().unwrap();
+    let len = rev["bytes"].as_u64().unwrap();
+    server
+        .client("alice")
+        .activate_workload("h", revision)
+        .await
+        .unwrap();
+    let alice = Caller::user(&server, "alice");
+    let path = format!("/v1/workloads/h/revisions/{revision}/bundle");
+    let before = cache_metrics(&server).await;
+    for range in [None, Some("bytes=0-9")] {
+        let caller = match range {
+            Some(r) => alice.with_header("range", r),
+            None => alice.clone(),
+        };
+        let resp = caller.send(Method::HEAD, &path).await;
+        assert_eq!(resp.status(), if range.is_some() { 206 } else { 200 });
+        let h = resp.headers().clone();
+        let want = if range.is_some() { 10 } else { len };
+        assert_eq!(h[header::CONTENT_LENGTH], want.to_string().as_str());
+        assert_eq!(h[header::ETAG], format!("\"sha256:{digest}\"").as_str());
+        assert_eq!(h[header::CONTENT_TYPE], MEDIA);
+        assert!(resp.bytes().await.unwrap().is_empty());
+    }
+    // Nothing was loaded, hit or counted as a download.
+    assert_eq!(cache_metrics(&server).await, before);
+    // A GET then loads it once.
+    let resp = alice.get(&path).await;
+    assert_eq!(sha256(&resp.bytes().await.unwrap()), digest);
+    let after = cache_metrics(&server).await;
+    assert!(
+        after.contains(&"context_service_bundle_cache_loads 1".to_owned()),
+        "{after:?}"
+    );
+    // A HEAD of an unknown revision is still 404.
+    let resp = alice
+        .send(
+            Method::HEAD,
+            &format!("/v1/workloads/h/revisions/{}/bundle", "0".repeat(64)),
+        )
+        .await;
+    assert_eq!(resp.status(), 404);
+}
+
 #[tokio::test]
 async fn bundles_larger_than_the_cache_stream_from_disk() {
     let server = TestServer::start_with(|c| c.cache_bytes = 1024).await;
