@@ -68,6 +68,7 @@ impl WorkloadService {
             inspection,
             bundle_digest,
             bundle_bytes,
+            bundle_encoding,
         } = report;
         let revision = RevisionRecord {
             revision: inspection.revision,
@@ -75,6 +76,7 @@ impl WorkloadService {
             files: inspection.files,
             entries: inspection.entries,
             bytes: bundle_bytes,
+            bundle_encoding,
             inflated_bytes: inspection.inflated_bytes,
             uploaded_at_ms: now_ms(),
         };

@@ -13,6 +13,7 @@ mod common;
 mod bundle_pack_async;
 mod bundle_props;
 mod bundle_rules;
+mod bundle_store;
 mod contextctl_bundle;
 mod contextctl_pools;
 mod contextctl_workload;
