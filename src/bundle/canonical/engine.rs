@@ -26,13 +26,17 @@ use std::thread::{Scope, ScopedJoinHandle};
 use flate2::Crc;
 use sha2::{Digest, Sha256};
 
-use super::pgzip::{self, Compressed, PieceCompressor};
+use super::pgzip::{self, Body, Compressed, PieceCompressor};
 
 /// A piece of the canonical tar, shared by the hasher and a worker.
 pub(crate) type Piece = Arc<Vec<u8>>;
 
 /// Items in flight between the main thread and the bundle writer.
 const SLOTS: usize = 16;
+
+/// Deflate output buffers handed back by the writer for reuse, so pieces
+/// do not fault in fresh pages.
+type Pool = Arc<Mutex<Vec<Vec<u8>>>>;
 
 /// Where the bundle goes. Besides writing, it can be emptied: the upload's
 /// own bytes are written as they arrive, and discarded if the upload turns
@@ -129,8 +133,8 @@ enum Item {
     Restart,
     /// The gzip header of a recompressed bundle.
     Header,
-    /// A compressed piece.
-    Piece(Dest, Compressed),
+    /// A compressed piece (with its raw bytes, which stored blocks frame).
+    Piece(Dest, Piece, Compressed),
     /// A packed file, copied from the packed spool.
     Copy(u64),
     /// The gzip end of a recompressed bundle.
@@ -229,21 +233,23 @@ impl<'scope> Engine<'scope> {
         let (item_tx, item_rx) = channel();
         let (job_tx, job_rx) = channel::<Job>();
         let job_rx = Arc::new(Mutex::new(job_rx));
+        let pool: Pool = Arc::default();
         let n = deflate_threads();
         let mut workers = Vec::with_capacity(n);
         for _ in 0..n {
             let jobs = job_rx.clone();
             let items = item_tx.clone();
+            let pool = pool.clone();
             let handle = std::thread::Builder::new()
                 .name("bundle-deflate".into())
-                .spawn_scoped(s, move || worker(level, &jobs, &items))?;
+                .spawn_scoped(s, move || worker(level, &jobs, &items, &pool))?;
             workers.push(handle);
         }
         let temp_dir = temp_dir.map(Path::to_path_buf);
         let writer = std::thread::Builder::new()
             .name("bundle-writer".into())
             .spawn_scoped(s, move || {
-                let mut w = Writer::new(out, temp_dir);
+                let mut w = Writer::new(out, temp_dir, pool);
                 w.run(&item_rx, &slot_rx)
             })?;
         Ok((
@@ -280,7 +286,7 @@ fn deflate_threads() -> usize {
         .clamp(1, 4)
 }
 
-fn worker(level: u32, jobs: &Mutex<Receiver<Job>>, items: &Sender<(u64, Item)>) {
+fn worker(level: u32, jobs: &Mutex<Receiver<Job>>, items: &Sender<(u64, Item)>, pool: &Pool) {
     let mut compressor = PieceCompressor::new(level);
     loop {
         // A poisoned lock means another worker panicked; stop too.
@@ -289,8 +295,14 @@ fn worker(level: u32, jobs: &Mutex<Receiver<Job>>, items: &Sender<(u64, Item)>) 
             Err(_) => return,
         };
         let Ok(job) = job else { return };
-        let item = match compressor.compress(&job.data, job.prev.as_deref().map(Vec::as_slice)) {
-            Ok(c) => Item::Piece(job.dest, c),
+        let buf = pool
+            .lock()
+            .ok()
+            .and_then(|mut p| p.pop())
+            .unwrap_or_default();
+        let prev = job.prev.as_deref().map(Vec::as_slice);
+        let item = match compressor.compress(&job.data, prev, buf) {
+            Ok(c) => Item::Piece(job.dest, job.data, c),
             Err(e) => Item::Failed(format!("deflate: {e}")),
         };
         if items.send((job.seq, item)).is_err() {
@@ -318,10 +330,11 @@ struct Writer<'o, W> {
     spool_len: u64,
     packed: HashMap<u64, Packed>,
     copy_buf: Vec<u8>,
+    pool: Pool,
 }
 
 impl<'o, W: BundleOut> Writer<'o, W> {
-    fn new(out: &'o mut W, temp_dir: Option<PathBuf>) -> Self {
+    fn new(out: &'o mut W, temp_dir: Option<PathBuf>, pool: Pool) -> Self {
         Self {
             out,
             hasher: Sha256::new(),
@@ -332,6 +345,7 @@ impl<'o, W: BundleOut> Writer<'o, W> {
             spool_len: 0,
             packed: HashMap::new(),
             copy_buf: Vec::new(),
+            pool,
         }
     }
 
@@ -375,11 +389,18 @@ impl<'o, W: BundleOut> Writer<'o, W> {
                 Ok(())
             }
             Item::Header => self.emit(&pgzip::HEADER),
-            Item::Piece(Dest::Out, c) => {
+            Item::Piece(Dest::Out, data, c) => {
                 self.crc.combine(&c.crc);
-                self.emit(&c.bytes)
+                match c.body {
+                    Body::Deflated(bytes) => {
+                        self.emit(&bytes)?;
+                        self.recycle(bytes);
+                        Ok(())
+                    }
+                    Body::Stored => pgzip::stored_blocks(&data, |b| self.emit(b)),
+                }
             }
-            Item::Piece(Dest::Pack(key), c) => self.pack(key, c),
+            Item::Piece(Dest::Pack(key), data, c) => self.pack(key, &data, c),
             Item::Copy(key) => self.copy(key),
             Item::Trailer => {
                 let end = pgzip::trailer(&self.crc).map_err(io::Error::other)?;
@@ -389,7 +410,16 @@ impl<'o, W: BundleOut> Writer<'o, W> {
         }
     }
 
-    fn pack(&mut self, key: u64, c: Compressed) -> io::Result<()> {
+    fn recycle(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        if let Ok(mut pool) = self.pool.lock() {
+            if pool.len() < SLOTS {
+                pool.push(buf);
+            }
+        }
+    }
+
+    fn pack(&mut self, key: u64, data: &[u8], c: Compressed) -> io::Result<()> {
         let spool = match self.spool.as_mut() {
             Some(s) => s,
             None => {
@@ -400,14 +430,26 @@ impl<'o, W: BundleOut> Writer<'o, W> {
                 self.spool.insert(BufWriter::with_capacity(1 << 20, file))
             }
         };
-        spool.write_all(&c.bytes)?;
         let start = self.spool_len;
-        self.spool_len += c.bytes.len() as u64;
+        let mut len = 0u64;
+        let mut put = |b: &[u8]| -> io::Result<()> {
+            spool.write_all(b)?;
+            len += b.len() as u64;
+            Ok(())
+        };
+        match c.body {
+            Body::Deflated(bytes) => {
+                put(&bytes)?;
+                self.recycle(bytes);
+            }
+            Body::Stored => pgzip::stored_blocks(data, put)?,
+        }
+        self.spool_len += len;
         let entry = self.packed.entry(key).or_insert_with(|| Packed {
             start,
             ..Packed::default()
         });
-        entry.len += c.bytes.len() as u64;
+        entry.len += len;
         entry.crc.combine(&c.crc);
         Ok(())
     }

@@ -67,86 +67,115 @@ pub(crate) fn looks_incompressible(data: &[u8]) -> bool {
     256 * sum_sq <= n * n + n * n / 16
 }
 
+/// How a piece is encoded.
+#[derive(Debug)]
+pub(crate) enum Body {
+    /// Raw deflate blocks, ending byte-aligned (sync flush).
+    Deflated(Vec<u8>),
+    /// Stored blocks framing the piece's own bytes (see [`stored_blocks`]),
+    /// written without copying them.
+    Stored,
+}
+
 /// One compressed piece and the CRC-32 of its raw bytes.
 #[derive(Debug)]
 pub(crate) struct Compressed {
-    /// Raw deflate blocks, ending byte-aligned (sync flush).
-    pub bytes: Vec<u8>,
+    /// The encoding.
+    pub body: Body,
     /// CRC-32 and length of the raw piece.
     pub crc: Crc,
 }
 
-/// A worker's reusable deflate states.
+/// Largest stored block (RFC 1951 §3.2.4).
+const MAX_STORED: usize = 65_535;
+
+/// Writes `data` as stored blocks, starting byte-aligned and ending
+/// byte-aligned, none of them final. Framed here rather than by zlib's
+/// level 0 because zlib sizes stored blocks by the output room it is
+/// given, which would make the bytes depend on buffer sizes.
+pub(crate) fn stored_blocks<E>(
+    data: &[u8],
+    mut emit: impl FnMut(&[u8]) -> Result<(), E>,
+) -> Result<(), E> {
+    for block in data.chunks(MAX_STORED) {
+        // BFINAL 0, BTYPE 00, padding to the byte; LEN and its complement.
+        let len = u16::try_from(block.len()).unwrap_or(u16::MAX);
+        let [l0, l1] = len.to_le_bytes();
+        let [n0, n1] = (!len).to_le_bytes();
+        emit(&[0, l0, l1, n0, n1])?;
+        emit(block)?;
+    }
+    Ok(())
+}
+
+/// A worker's reusable deflate state.
 pub(crate) struct PieceCompressor {
     level: u32,
     deflate: Compress,
-    stored: Compress,
 }
 
 impl PieceCompressor {
-    /// Compressor for `level` (0–9).
+    /// Compressor for `level` (0–9; 0 stores everything).
     pub(crate) fn new(level: u32) -> Self {
         let level = level.min(9);
         Self {
             level,
             deflate: Compress::new(Compression::new(level), false),
-            stored: Compress::new(Compression::none(), false),
         }
     }
 
     /// Compresses `data`, primed with the tail of `prev` (the piece before
-    /// it in its chain, if any).
+    /// it in its chain, if any), into `out` (a recycled buffer; its
+    /// capacity does not change the bytes).
     pub(crate) fn compress(
         &mut self,
         data: &[u8],
         prev: Option<&[u8]>,
+        mut out: Vec<u8>,
     ) -> Result<Compressed, flate2::CompressError> {
         let mut crc = Crc::new();
         crc.update(data);
-        let bytes = if self.level == 0 || looks_incompressible(data) {
-            self.stored.reset();
-            run(&mut self.stored, data, FlushCompress::Sync)?
-        } else {
-            // The dictionary goes after the reset, before any input.
-            self.deflate.reset();
-            if let Some(p) = prev {
-                self.deflate
-                    .set_dictionary(&p[p.len().saturating_sub(DICT)..])?;
-            }
-            run(&mut self.deflate, data, FlushCompress::Sync)?
-        };
-        Ok(Compressed { bytes, crc })
+        if self.level == 0 || looks_incompressible(data) {
+            return Ok(Compressed {
+                body: Body::Stored,
+                crc,
+            });
+        }
+        // The dictionary goes after the reset, before any input.
+        self.deflate.reset();
+        if let Some(p) = prev {
+            self.deflate
+                .set_dictionary(&p[p.len().saturating_sub(DICT)..])?;
+        }
+        out.clear();
+        run(&mut self.deflate, data, FlushCompress::Sync, &mut out)?;
+        Ok(Compressed {
+            body: Body::Deflated(out),
+            crc,
+        })
     }
 }
 
-/// Feeds all of `input` to `c` with `flush`, until the flush is complete.
-///
-/// The output room offered is a fixed function of the input length, never
-/// of allocator behaviour: how zlib cuts stored blocks depends on it.
+/// Feeds all of `input` to `c` with `flush` into `out`, until the flush is
+/// complete. (Deflate at level 1 and up does not depend on the output
+/// room offered.)
 fn run(
     c: &mut Compress,
     input: &[u8],
     flush: FlushCompress,
-) -> Result<Vec<u8>, flate2::CompressError> {
-    // Stored blocks cost 5 bytes per 64 KiB and deflate expands random
-    // data by less than that: one call normally finishes.
-    let room = input.len() + input.len() / 64 + 64;
-    let mut out = vec![0u8; room];
-    let (start_in, start_out) = (c.total_in(), c.total_out());
+    out: &mut Vec<u8>,
+) -> Result<(), flate2::CompressError> {
+    let start = c.total_in();
+    out.reserve(input.len() / 2 + 64);
     loop {
-        let done_in = usize::try_from(c.total_in() - start_in).unwrap_or(usize::MAX);
-        let done_out = usize::try_from(c.total_out() - start_out).unwrap_or(usize::MAX);
-        c.compress(&input[done_in..], &mut out[done_out..], flush)?;
-        let done_in = usize::try_from(c.total_in() - start_in).unwrap_or(usize::MAX);
-        let done_out = usize::try_from(c.total_out() - start_out).unwrap_or(usize::MAX);
+        let done = usize::try_from(c.total_in() - start).unwrap_or(usize::MAX);
+        c.compress_vec(&input[done..], out, flush)?;
+        let done = usize::try_from(c.total_in() - start).unwrap_or(usize::MAX);
         // zlib's rule: the flush is complete when output room is left.
-        if done_in >= input.len() && done_out < out.len() {
-            out.truncate(done_out);
-            return Ok(out);
+        if done >= input.len() && out.len() < out.capacity() {
+            return Ok(());
         }
-        if done_out == out.len() {
-            out.resize(out.len() + room, 0);
-        }
+        out.reserve(out.capacity() / 2 + 64);
     }
 }
 
@@ -154,7 +183,8 @@ fn run(
 /// and the size (mod 2^32) of everything compressed.
 pub(crate) fn trailer(crc: &Crc) -> Result<Vec<u8>, flate2::CompressError> {
     let mut c = Compress::new(Compression::fast(), false);
-    let mut out = run(&mut c, &[], FlushCompress::Finish)?;
+    let mut out = Vec::new();
+    run(&mut c, &[], FlushCompress::Finish, &mut out)?;
     out.extend_from_slice(&crc.sum().to_le_bytes());
     out.extend_from_slice(&crc.amount().to_le_bytes());
     Ok(out)
@@ -219,24 +249,40 @@ mod tests {
         let mut prev: Option<&[u8]> = None;
         let mut sizes = Vec::new();
         for piece in data.chunks(PIECE) {
-            let out = c.compress(piece, prev).unwrap();
+            let out = c.compress(piece, prev, Vec::new()).unwrap();
             crc.combine(&out.crc);
-            sizes.push(out.bytes.len());
-            member.extend_from_slice(&out.bytes);
+            let before = member.len();
+            match out.body {
+                Body::Deflated(b) => member.extend_from_slice(&b),
+                Body::Stored => stored_blocks(piece, |b: &[u8]| -> Result<(), ()> {
+                    member.extend_from_slice(b);
+                    Ok(())
+                })
+                .unwrap(),
+            }
+            sizes.push(member.len() - before);
             prev = Some(piece);
         }
         member.extend(trailer(&crc).unwrap());
-        // The random piece is stored (a little over its size), the text
+        // The random piece is stored (5 bytes per 64 KiB block), the text
         // pieces shrink to almost nothing.
-        assert!(sizes[0] > PIECE && sizes[0] < PIECE + 64, "{sizes:?}");
+        assert_eq!(sizes[0], PIECE + 5 * 5, "{sizes:?}");
         assert!(sizes[2] < PIECE / 64, "{sizes:?}");
         let mut back = Vec::new();
         flate2::read::GzDecoder::new(&member[..])
             .read_to_end(&mut back)
             .unwrap();
         assert_eq!(back, data);
-        // Same input, same bytes.
-        let again = c.compress(&data[..PIECE], None).unwrap();
-        assert_eq!(again.bytes.len(), sizes[0]);
+        // Same input, same bytes, whatever buffer it is given.
+        let a = c
+            .compress(&data[PIECE..2 * PIECE], None, Vec::new())
+            .unwrap();
+        let b = c
+            .compress(&data[PIECE..2 * PIECE], None, Vec::with_capacity(3))
+            .unwrap();
+        match (a.body, b.body) {
+            (Body::Deflated(a), Body::Deflated(b)) => assert_eq!(a, b),
+            other => panic!("{other:?}"),
+        }
     }
 }
