@@ -31,8 +31,10 @@ use super::pgzip::{self, Body, Compressed, PieceCompressor};
 /// A piece of the canonical tar, shared by the hasher and a worker.
 pub(crate) type Piece = Arc<Vec<u8>>;
 
-/// Items in flight between the main thread and the bundle writer.
-const SLOTS: usize = 16;
+/// Items in flight between the main thread and the bundle writer (and
+/// pieces queued for the hasher): a few per worker keeps every core busy;
+/// more only holds memory.
+const SLOTS: usize = 8;
 
 /// Deflate output buffers handed back by the writer for reuse, so pieces
 /// do not fault in fresh pages.
@@ -427,7 +429,7 @@ impl<'o, W: BundleOut> Writer<'o, W> {
                     Some(d) => tempfile::tempfile_in(d)?,
                     None => tempfile::tempfile()?,
                 };
-                self.spool.insert(BufWriter::with_capacity(1 << 20, file))
+                self.spool.insert(BufWriter::with_capacity(256 << 10, file))
             }
         };
         let start = self.spool_len;
@@ -468,7 +470,7 @@ impl<'o, W: BundleOut> Writer<'o, W> {
         // A second handle: reading it must not hold a borrow of `self`.
         let file = spool.get_ref().try_clone()?;
         if self.copy_buf.is_empty() {
-            self.copy_buf = vec![0u8; 1 << 20];
+            self.copy_buf = vec![0u8; 256 << 10];
         }
         let mut buf = std::mem::take(&mut self.copy_buf);
         let (mut at, end) = (start, start + len);
