@@ -25,7 +25,8 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 RUNS="${RUNS:-5}"
-PORT="${CS_PORT:-18490}"
+# A free port unless told: a fixed one may be another service's.
+PORT="${CS_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
 
 need=()
 for tool in curl tar gzip python3; do
@@ -101,6 +102,11 @@ for _ in $(seq 1 100); do
   curl -fsS "$URL/healthz" >/dev/null 2>&1 && break
   sleep 0.1
 done
+if ! kill -0 "$CS_PID" 2>/dev/null; then
+  echo "the service did not start:" >&2
+  cat "$work/service.log" >&2
+  exit 1
+fi
 ctl() { "$target/contextctl" --url "$URL" --data-dir "$CS_DATA_DIR" "$@"; }
 TOKEN="$(ctl token)"
 ctl workload create bench >/dev/null

@@ -69,6 +69,8 @@ start_service() {
     RUST_LOG=warn "$SERVICE" serve >"$WORK/service.log" 2>&1 &
   CS_PID=$!
   for _ in $(seq 1 100); do
+    # Our process must be the one answering (the port may be taken).
+    kill -0 "$CS_PID" 2>/dev/null || break
     curl -fsS "$URL/healthz" >/dev/null 2>&1 && return 0
     sleep 0.1
   done
