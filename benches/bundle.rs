@@ -1,179 +1,90 @@
-//! Throughput of the bundle engine on the two reference inputs:
-//! (a) 10,000 × 1 KiB files and (b) 4 × 64 MiB files alternating 1 MiB of
-//! random bytes and 1 MiB of repeated text. Reported in bytes of inflated
-//! *input* per second, for "inspect only" (validate + revision) and for
-//! "inspect + canonical bundle written to a file" (the upload path).
+//! The physical limits beside the bundle figures of `benches/bundle-gnu.sh`:
+//! what one core does on the same bytes with nothing else in the way.
 //!
-//! Input (b) comes twice: members in canonical order (as `contextctl
-//! bundle pack` or `tar --sort=name` write them: the streaming path) and
-//! shuffled (the spool-then-sort path).
+//! For each gzip file named on the command line, prints one JSON line with
+//! the MB/s (10^6 bytes of *inflated* input per second, median of `RUNS`,
+//! default 5) of:
+//! * `inflate`: zlib-rs (through flate2) inflating the whole file to nowhere;
+//! * `sha256`: sha256 of the inflated bytes, already in memory;
+//! * `loopback`: copying the inflated bytes through a 127.0.0.1 TCP socket
+//!   (a writer thread and a reading thread that discards).
 //!
-//! With `BUNDLE_BENCH_DIR` set, the inputs are also written there so
-//! `benches/bundle-gnu.sh` can time GNU tar on the same bytes.
+//! Run: `cargo bench --bench bundle -- FILE.tar.gz...` (plain `main`, no
+//! harness: these are single numbers, not a statistical study).
 
-use std::fs::File;
-use std::io::{Seek, Write};
-use std::time::Duration;
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Instant;
 
-use context_service::bundle::{self, CanonicalOptions, Limits};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use flate2::write::GzEncoder;
-use flate2::Compression;
+use flate2::bufread::GzDecoder;
+use sha2::{Digest, Sha256};
 
-const KIB: usize = 1024;
-const MIB: usize = 1024 * KIB;
-
-/// Deterministic incompressible bytes (xorshift).
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(n);
-    while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
+/// Seconds of `f`, median of `runs`.
+fn median_secs(runs: usize, mut f: impl FnMut() -> io::Result<()>) -> io::Result<f64> {
+    let mut secs = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        f()?;
+        secs.push(t.elapsed().as_secs_f64());
     }
-    out.truncate(n);
-    out
+    secs.sort_by(f64::total_cmp);
+    Ok(secs[secs.len() / 2])
 }
 
-fn text_bytes(n: usize) -> Vec<u8> {
-    let line =
-        b"The quick brown fox jumps over the lazy dog; agents read context files. 0123456789\n";
-    line.iter().copied().cycle().take(n).collect()
+fn inflate(gz: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+    out.clear();
+    GzDecoder::new(gz).read_to_end(out)?;
+    Ok(())
 }
 
-/// A gzip tar (level 6, like `tar -czf`) of `files`, in the given order,
-/// with explicit directory entries and realistic metadata.
-fn archive(files: &[(String, Vec<u8>)]) -> (Vec<u8>, u64) {
-    let mut b = tar::Builder::new(Vec::new());
-    let mut dirs = std::collections::BTreeSet::new();
-    for (path, data) in files {
-        if let Some((dir, _)) = path.rsplit_once('/') {
-            if dirs.insert(dir.to_owned()) {
-                let mut h = tar::Header::new_ustar();
-                h.set_entry_type(tar::EntryType::Directory);
-                h.set_mode(0o755);
-                h.set_mtime(1_700_000_000);
-                h.set_size(0);
-                b.append_data(&mut h, format!("{dir}/"), &[][..]).unwrap();
-            }
-        }
-        let mut h = tar::Header::new_ustar();
-        h.set_mode(0o644);
-        h.set_uid(1000);
-        h.set_mtime(1_700_000_000);
-        h.set_size(data.len() as u64);
-        b.append_data(&mut h, path, &data[..]).unwrap();
-    }
-    let tar = b.into_inner().unwrap();
-    let inflated = tar.len() as u64;
-    let mut enc = GzEncoder::new(Vec::new(), Compression::new(6));
-    enc.write_all(&tar).unwrap();
-    (enc.finish().unwrap(), inflated)
-}
-
-fn small_files() -> Vec<(String, Vec<u8>)> {
-    (0..10_000)
-        .map(|i| {
-            let mut data = text_bytes(KIB);
-            data[..8].copy_from_slice(&random_bytes(8, i + 1));
-            // Flat: 10,000 files is exactly the entry limit.
-            (format!("f{i:05}.txt"), data)
-        })
-        .collect()
-}
-
-fn large_files() -> Vec<(String, Vec<u8>)> {
-    (0..4u64)
-        .map(|i| {
-            let mut data = Vec::with_capacity(64 * MIB);
-            for block in 0..64u64 {
-                if block % 2 == 0 {
-                    data.extend_from_slice(&random_bytes(MIB, i * 1000 + block + 7));
-                } else {
-                    data.extend_from_slice(&text_bytes(MIB));
-                }
-            }
-            (format!("data/file{i}.bin"), data)
-        })
-        .collect()
-}
-
-struct Input {
-    name: &'static str,
-    gz: Vec<u8>,
-    inflated: u64,
-}
-
-fn inputs() -> Vec<Input> {
-    let (a, a_inf) = archive(&small_files());
-    let large = large_files();
-    let (b, b_inf) = archive(&large);
-    let mut shuffled = large;
-    shuffled.swap(0, 3);
-    shuffled.swap(1, 2);
-    let (b_unsorted, b_unsorted_inf) = archive(&shuffled);
-    let all = vec![
-        Input {
-            name: "a_small_files",
-            gz: a,
-            inflated: a_inf,
-        },
-        Input {
-            name: "b_large_files",
-            gz: b,
-            inflated: b_inf,
-        },
-        Input {
-            name: "b_large_files_unsorted",
-            gz: b_unsorted,
-            inflated: b_unsorted_inf,
-        },
-    ];
-    if let Ok(dir) = std::env::var("BUNDLE_BENCH_DIR") {
-        for i in &all {
-            std::fs::write(format!("{dir}/{}.tar.gz", i.name), &i.gz).unwrap();
-            std::fs::write(format!("{dir}/{}.inflated", i.name), i.inflated.to_string()).unwrap();
-        }
-    }
-    all
-}
-
-fn bench(c: &mut Criterion) {
-    let limits = Limits::default();
-    // `BUNDLE_BENCH_GZIP_LEVEL` overrides the canonical gzip level (default 1).
-    let opts = CanonicalOptions {
-        gzip_level: std::env::var("BUNDLE_BENCH_GZIP_LEVEL")
-            .ok()
-            .and_then(|l| l.parse().ok())
-            .unwrap_or(CanonicalOptions::default().gzip_level),
-        ..CanonicalOptions::default()
-    };
-    let mut out: File = tempfile::tempfile().unwrap();
-    for input in inputs() {
-        let mut group = c.benchmark_group(input.name);
-        group.throughput(Throughput::Bytes(input.inflated));
-        group.bench_function(BenchmarkId::from_parameter("inspect"), |b| {
-            b.iter(|| bundle::inspect(&input.gz[..], &limits).unwrap());
+fn loopback(data: &[u8]) -> io::Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::scope(|s| {
+        let reader = s.spawn(move || -> io::Result<u64> {
+            let (mut conn, _) = listener.accept()?;
+            io::copy(&mut conn, &mut io::sink())
         });
-        group.bench_function(BenchmarkId::from_parameter("canonicalize"), |b| {
-            b.iter(|| {
-                out.set_len(0).unwrap();
-                out.rewind().unwrap();
-                bundle::canonicalize(&input.gz[..], &limits, &opts, &mut out).unwrap()
-            });
-        });
-        group.finish();
-    }
+        let mut conn = TcpStream::connect(addr)?;
+        for chunk in data.chunks(256 * 1024) {
+            conn.write_all(chunk)?;
+        }
+        drop(conn);
+        let got = reader
+            .join()
+            .map_err(|_| io::Error::other("reader panicked"))??;
+        if got != data.len() as u64 {
+            return Err(io::Error::other("loopback copy came up short"));
+        }
+        Ok(())
+    })
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(8));
-    targets = bench
+fn main() -> io::Result<()> {
+    let runs: usize = std::env::var("RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    // `cargo bench` passes `--bench`; everything else is a file.
+    for path in std::env::args().skip(1).filter(|a| !a.starts_with("--")) {
+        let gz = std::fs::read(&path)?;
+        let mut tar = Vec::new();
+        inflate(&gz, &mut tar)?;
+        let mb = tar.len() as f64 / 1e6;
+        let mut scratch = Vec::with_capacity(tar.len());
+        let t_inflate = median_secs(runs, || inflate(&gz, &mut scratch))?;
+        let t_sha = median_secs(runs, || {
+            std::hint::black_box(Sha256::digest(&tar));
+            Ok(())
+        })?;
+        let t_loop = median_secs(runs, || loopback(&tar))?;
+        println!(
+            "{{\"file\":{:?},\"inflatedMB\":{mb:.1},\"inflate\":{:.0},\"sha256\":{:.0},\"loopback\":{:.0}}}",
+            path,
+            mb / t_inflate,
+            mb / t_sha,
+            mb / t_loop
+        );
+    }
+    Ok(())
 }
-criterion_main!(benches);

@@ -6,7 +6,8 @@
 #  2. Peak RSS of the service during 32 concurrent downloads of 8 distinct
 #     256 MiB bundles; must stay under the cache budget + 128 MiB.
 #
-# Usage: benches/download.sh            (DURATION=5 seconds per case)
+# Usage: benches/download.sh            (DURATION=5 seconds per case;
+#        BIN_DIR=dir to use already built binaries; TMPDIR for the 4 GiB)
 # Installs wrk and nginx with apt-get when missing. Everything runs as this
 # user on 127.0.0.1 and is removed at the end.
 set -euo pipefail
@@ -30,9 +31,14 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
 
-echo "building release binaries..." >&2
-cargo build --release --quiet --bin context-service --bin contextctl
-TARGET="${CARGO_TARGET_DIR:-target}/release"
+# BIN_DIR=dir: use the context-service and contextctl already built there.
+if [ -n "${BIN_DIR:-}" ]; then
+  TARGET="$BIN_DIR"
+else
+  echo "building release binaries..." >&2
+  cargo build --release --quiet --bin context-service --bin contextctl
+  TARGET="${CARGO_TARGET_DIR:-target}/release"
+fi
 SERVICE="$TARGET/context-service"
 CTL="$TARGET/contextctl"
 
@@ -63,6 +69,8 @@ start_service() {
     RUST_LOG=warn "$SERVICE" serve >"$WORK/service.log" 2>&1 &
   CS_PID=$!
   for _ in $(seq 1 100); do
+    # Our process must be the one answering (the port may be taken).
+    kill -0 "$CS_PID" 2>/dev/null || break
     curl -fsS "$URL/healthz" >/dev/null 2>&1 && return 0
     sleep 0.1
   done
@@ -150,8 +158,9 @@ curl -fsS -o /dev/null -H "Authorization: Bearer $TOKEN" "$URL$DL_PATH"
 curl -fsS -o /dev/null "http://127.0.0.1:$NGINX_PORT/bundle.tar.gz"
 
 echo
-echo "== download throughput: cached $((SIZE64 / 1048576)) MiB bundle, ${DURATION}s per case, loopback, $(nproc) cores =="
-printf "%-8s %18s %14s %8s\n" clients context-service nginx ratio
+load1() { cut -d' ' -f1 /proc/loadavg; }
+echo "== download throughput: cached $((SIZE64 / 1048576)) MiB bundle, ${DURATION}s per case, loopback, $(nproc) cores (wrk, same file, same run) =="
+printf "%-8s %18s %14s %8s %8s %6s\n" clients context-service nginx ratio target load
 for c in 1 8 32; do
   t=$(( c < 2 ? 1 : 2 ))
   wrk -t"$t" -c"$c" -d"${DURATION}s" -H "Authorization: Bearer $TOKEN" "$URL$DL_PATH" >"$WORK/wrk-cs.txt"
@@ -164,7 +173,8 @@ for c in 1 8 32; do
   cs=$(transfer_mbs <"$WORK/wrk-cs.txt")
   ng=$(transfer_mbs <"$WORK/wrk-ng.txt")
   ratio=$(awk -v a="$cs" -v b="$ng" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
-  printf "%-8s %13s MB/s %9s MB/s %8s\n" "$c" "$cs" "$ng" "$ratio"
+  mark=$(awk -v r="$ratio" 'BEGIN { print (r + 0 >= 1.0) ? "ok" : "MISS" }')
+  printf "%-8s %13s MB/s %9s MB/s %8s %8s %6s  %s\n" "$c" "$cs" "$ng" "$ratio" ">= 1.0" "$(load1)" "$mark"
 done
 kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true; NGINX_PID=""
 
@@ -210,7 +220,7 @@ REQS=$(awk '/requests in/ {print $1}' "$WORK/wrk-256.txt")
 LIMIT_KB=$(( (CACHE_MIB + 128) * 1024 ))
 echo "== memory: 32 concurrent downloads of 8 distinct $((SIZE256 / 1048576)) MiB bundles, $((DURATION * 2))s =="
 echo "completed requests: $REQS, throughput: $MBS MB/s"
-echo "idle RSS: $((RSS_IDLE / 1024)) MiB; peak RSS: $((PEAK_KB / 1024)) MiB; limit (cache budget $CACHE_MIB MiB + 128 MiB): $((LIMIT_KB / 1024)) MiB"
+echo "idle RSS: $((RSS_IDLE / 1024)) MiB; peak RSS: $((PEAK_KB / 1024)) MiB; limit (cache budget $CACHE_MIB MiB + 128 MiB): $((LIMIT_KB / 1024)) MiB; load $(load1)"
 if [ "$PEAK_KB" -lt "$LIMIT_KB" ]; then
   echo "memory: PASS"
 else

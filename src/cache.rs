@@ -18,13 +18,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use futures::stream::{self, Stream, StreamExt};
+use futures::stream::{self, Stream};
 use lru::LruCache;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::OnceCell;
 
-/// Size of the chunks a response is written in.
-const CHUNK: usize = 256 * 1024;
+/// Size of the chunks a response from disk is read in: big enough that
+/// the per-chunk hop to the blocking pool is noise, small enough that 32
+/// concurrent downloads hold little.
+const DISK_CHUNK: usize = 512 * 1024;
 
 /// A stream of body chunks.
 pub type ByteStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
@@ -41,6 +43,20 @@ impl Drop for Resident {
     fn drop(&mut self) {
         self.resident
             .fetch_sub(self.bytes.len() as u64, Ordering::AcqRel);
+    }
+}
+
+/// A range of a resident bundle, owning the residency: the bytes are
+/// counted until the last response holding them drops them.
+struct ResidentSlice {
+    resident: Arc<Resident>,
+    start: usize,
+    end: usize,
+}
+
+impl AsRef<[u8]> for ResidentSlice {
+    fn as_ref(&self) -> &[u8] {
+        &self.resident.bytes[self.start..self.end]
     }
 }
 
@@ -77,24 +93,27 @@ impl CachedBundle {
         matches!(self, CachedBundle::Memory(_))
     }
 
-    /// Streams bytes `start..end` (end exclusive, within the length) in
-    /// bounded chunks.
+    /// Streams bytes `start..end` (end exclusive, within the length). From
+    /// memory it is one chunk sharing the cached buffer (no copy; the
+    /// server writes it in as few system calls as the socket allows), and
+    /// the bytes stay counted as resident until the response drops it;
+    /// from disk, bounded chunks.
     pub async fn stream(self, start: u64, end: u64) -> io::Result<ByteStream> {
         match self {
             CachedBundle::Memory(resident) => {
                 let (start, end) = (start as usize, end as usize);
-                let chunks = (start..end).step_by(CHUNK).map(move |at| {
-                    let stop = (at + CHUNK).min(end);
-                    (at, stop)
+                let body = Bytes::from_owner(ResidentSlice {
+                    resident,
+                    start,
+                    end,
                 });
-                let s = stream::iter(chunks).map(move |(a, b)| Ok(resident.bytes.slice(a..b)));
-                Ok(Box::pin(s))
+                Ok(Box::pin(stream::once(async move { Ok(body) })))
             }
             CachedBundle::Disk { mut file, .. } => {
                 file.seek(SeekFrom::Start(start)).await?;
                 let reader = file.take(end - start);
                 Ok(Box::pin(tokio_util::io::ReaderStream::with_capacity(
-                    reader, CHUNK,
+                    reader, DISK_CHUNK,
                 )))
             }
         }
@@ -302,6 +321,7 @@ fn size_mismatch(path: &Path, expected: u64, actual: u64) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt;
 
     fn blob(dir: &Path, name: &str, len: usize) -> std::path::PathBuf {
         let path = dir.join(name);
@@ -344,7 +364,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = BundleCache::new(10);
         let big = dir.path().join("big");
-        let data: Vec<u8> = (0..CHUNK * 2 + 7).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..DISK_CHUNK * 2 + 7).map(|i| (i % 251) as u8).collect();
         std::fs::write(&big, &data).unwrap();
         let got = cache.get("big", data.len() as u64, &big).await.unwrap();
         assert!(!got.is_memory());
@@ -360,12 +380,15 @@ mod tests {
     async fn memory_ranges_match_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m");
-        let data: Vec<u8> = (0..CHUNK * 3 + 1).map(|i| (i % 13) as u8).collect();
+        let data: Vec<u8> = (0..DISK_CHUNK * 3 + 1).map(|i| (i % 13) as u8).collect();
         std::fs::write(&path, &data).unwrap();
         let cache = BundleCache::new(u64::MAX / 2);
         let got = cache.get("m", data.len() as u64, &path).await.unwrap();
         assert!(got.is_memory());
-        assert_eq!(collect(got, 1, CHUNK as u64 + 9).await, &data[1..CHUNK + 9]);
+        assert_eq!(
+            collect(got, 1, DISK_CHUNK as u64 + 9).await,
+            &data[1..DISK_CHUNK + 9]
+        );
     }
 
     #[tokio::test]
@@ -384,6 +407,29 @@ mod tests {
         drop(held);
         assert_eq!(cache.stats().resident_bytes, 0);
         assert!(cache.get("b", 60, &b).await.unwrap().is_memory());
+    }
+
+    #[tokio::test]
+    async fn a_streamed_memory_body_keeps_its_bytes_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = BundleCache::new(100);
+        let a = blob(dir.path(), "a", 60);
+        let mut s = cache
+            .get("a", 60, &a)
+            .await
+            .unwrap()
+            .stream(10, 50)
+            .await
+            .unwrap();
+        let body = s.next().await.unwrap().unwrap();
+        assert!(s.next().await.is_none(), "one chunk");
+        drop(s);
+        assert_eq!(body, vec![b'a'; 40]);
+        cache.evict("a");
+        // The response still holds the bytes: still resident.
+        assert_eq!(cache.stats().resident_bytes, 60);
+        drop(body);
+        assert_eq!(cache.stats().resident_bytes, 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

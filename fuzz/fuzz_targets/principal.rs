@@ -1,5 +1,5 @@
-//! The JWT/Principal path of every API call: `Authorization` and
-//! `X-Context-Subject` headers through the same extractor the handlers use.
+//! The JWT/Principal path of every API call: `Authorization`, `X-SH-Auth`
+//! and `X-Context-Subject` headers through the same extractor the handlers use.
 //! Besides raw header bytes, the input can be a token whose header and
 //! claims JSON come from the fuzzer and that is correctly signed with the
 //! HS256 secret this target trusts, so claim decoding, time checks,
@@ -62,9 +62,19 @@ enum SubjectHeader<'a> {
     User(&'a str),
 }
 
+/// Upstream's second carrier of the token, `X-SH-Auth: <token>`.
+#[derive(Debug, Arbitrary)]
+enum ShAuth<'a> {
+    /// The token of `Authorization` (without `Bearer `).
+    Same,
+    /// The header's bytes as they arrive.
+    Raw(&'a [u8]),
+}
+
 #[derive(Debug, Arbitrary)]
 struct Input<'a> {
     authorization: Authorization<'a>,
+    sh_auth: Option<ShAuth<'a>>,
     subject: Option<SubjectHeader<'a>>,
 }
 
@@ -116,7 +126,17 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
     let Ok(value) = HeaderValue::from_bytes(&value) else {
         return;
     };
-    headers.insert(http::header::AUTHORIZATION, value);
+    headers.insert(http::header::AUTHORIZATION, value.clone());
+    if let Some(sh_auth) = input.sh_auth {
+        let bytes = match sh_auth {
+            ShAuth::Same => value.as_bytes().strip_prefix(b"Bearer ").unwrap_or(b"").to_vec(),
+            ShAuth::Raw(bytes) => bytes.to_vec(),
+        };
+        let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+            return;
+        };
+        headers.insert("x-sh-auth", value);
+    }
     let mut named = None;
     if let Some(subject) = input.subject {
         let bytes = match subject {

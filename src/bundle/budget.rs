@@ -163,6 +163,11 @@ impl<W> Charged<W> {
     pub(crate) fn into_inner(self) -> W {
         self.inner
     }
+
+    /// The writer, for reads through a second handle.
+    pub(crate) fn get_ref(&self) -> &W {
+        &self.inner
+    }
 }
 
 impl<W: Write> Write for Charged<W> {

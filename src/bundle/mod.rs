@@ -4,8 +4,9 @@
 //! Every upload is hostile input. [`canonicalize`] validates it while
 //! streaming (limits in [`Limits`], one [`BundleError`] variant per rule)
 //! and re-emits the accepted tree as the *canonical archive*: a
-//! deterministic tar whose sha256 is the **revision**, gzip-compressed into
-//! the stored bundle whose sha256 is the **bundleDigest**. [`inspect`]
+//! deterministic tar whose sha256 is the **revision**. The stored bundle,
+//! whose sha256 is the **bundleDigest**, is the upload itself when it
+//! already inflates to exactly that tar, else its canonical gzip. [`inspect`]
 //! validates and computes the revision only; [`pack_dir`] builds the same
 //! canonical bundle from a directory on disk.
 
@@ -22,7 +23,7 @@ mod spool;
 mod tree;
 
 pub use budget::TempBudget;
-pub use canonical::{canonicalize, canonicalize_async, inspect};
+pub use canonical::{canonicalize, canonicalize_async, encoding, inspect, BundleOut, AS_UPLOADED};
 pub use error::{BundleError, DeviceKind, LinkKind};
 pub use limits::{CanonicalOptions, Limits};
 pub use pack::pack_dir;

@@ -9,8 +9,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::canonical::emit_tree;
 use super::canonical::writer::hex;
+use super::canonical::{encoding, pack_tree};
 use super::context_layout;
 use super::error::{BundleError, DeviceKind, LinkKind};
 use super::limits::{CanonicalOptions, Limits};
@@ -22,7 +22,7 @@ use super::tree::{FileNode, Tree};
 /// Packs `dir` into the canonical bundle written to `out`. Files are read
 /// once to check `checksums.json` (if present) and once to emit; a file
 /// that shrinks meanwhile fails with `io_error`.
-pub fn pack_dir<W: Write>(
+pub fn pack_dir<W: Write + Send>(
     dir: &Path,
     limits: &Limits,
     opts: &CanonicalOptions,
@@ -66,24 +66,21 @@ pub fn pack_dir<W: Write>(
         entry: Some(path.to_owned()),
     };
     context_layout::verify(&tree, &mut open, &read_err)?;
-    let (revision, tar_bytes, entries, bundle) =
-        emit_tree(&tree, &mut open, &read_err, Some((opts.gzip_level, out)))?;
-    let (digest, bundle_bytes) = bundle.ok_or_else(|| BundleError::Internal {
-        detail: "canonical bundle was not produced".into(),
-    })?;
+    let (emitted, written) = pack_tree(&tree, &mut open, &read_err, opts.gzip_level, out)?;
     Ok(Report {
         inspection: Inspection {
-            revision: hex(&revision),
+            revision: hex(&emitted.revision),
             files: tree.files(),
             dirs: tree.dirs(),
-            entries,
-            inflated_bytes: tar_bytes,
+            entries: emitted.entries,
+            inflated_bytes: emitted.tar_bytes,
             compressed_bytes: 0,
-            input_inflated_bytes: tar_bytes,
-            input_entries: entries,
+            input_inflated_bytes: emitted.tar_bytes,
+            input_entries: emitted.entries,
         },
-        bundle_digest: hex(&digest),
-        bundle_bytes,
+        bundle_digest: hex(&written.digest),
+        bundle_bytes: written.bytes,
+        bundle_encoding: encoding(opts.gzip_level),
     })
 }
 

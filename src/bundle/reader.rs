@@ -51,6 +51,9 @@ pub(crate) fn untrap(trap: &Trap, e: io::Error) -> BundleError {
         })
 }
 
+/// Sees every byte a counter passes on (on the calling thread).
+pub(crate) type Tap = Box<dyn FnMut(&[u8]) -> io::Result<()>>;
+
 /// Counts compressed input bytes, enforces the compressed limit and marks
 /// source failures as I/O errors (not format errors).
 pub(crate) struct CompressedCounter<R> {
@@ -58,6 +61,7 @@ pub(crate) struct CompressedCounter<R> {
     count: u64,
     limit: u64,
     trap: Trap,
+    tap: Option<Tap>,
 }
 
 impl<R: Read> CompressedCounter<R> {
@@ -67,7 +71,15 @@ impl<R: Read> CompressedCounter<R> {
             count: 0,
             limit,
             trap,
+            tap: None,
         }
+    }
+
+    /// Also hands every byte read to `tap` (a failure there is a storage
+    /// error).
+    pub(crate) fn with_tap(mut self, tap: Tap) -> Self {
+        self.tap = Some(tap);
+        self
     }
 
     /// Bytes read so far.
@@ -103,6 +115,9 @@ impl<R: Read> Read for CompressedCounter<R> {
                 BundleError::CompressedTooLarge { limit: self.limit },
             ));
         }
+        if let Some(tap) = self.tap.as_mut() {
+            tap(&buf[..n]).map_err(|source| trip(&self.trap, BundleError::Storage { source }))?;
+        }
         Ok(n)
     }
 }
@@ -114,6 +129,7 @@ pub(crate) struct InflateCounter<D> {
     count: u64,
     limit: u64,
     trap: Trap,
+    tap: Option<Tap>,
 }
 
 impl<D: Read> InflateCounter<D> {
@@ -123,7 +139,14 @@ impl<D: Read> InflateCounter<D> {
             count: 0,
             limit,
             trap,
+            tap: None,
         }
+    }
+
+    /// Also hands every inflated byte passed on to `tap`.
+    pub(crate) fn with_tap(mut self, tap: Tap) -> Self {
+        self.tap = Some(tap);
+        self
     }
 
     /// Inflated bytes produced so far.
@@ -181,6 +204,9 @@ impl<D: Read> Read for InflateCounter<D> {
             ));
         }
         self.count += n as u64;
+        if let Some(tap) = self.tap.as_mut() {
+            tap(&buf[..n]).map_err(|source| trip(&self.trap, BundleError::Storage { source }))?;
+        }
         Ok(n)
     }
 }

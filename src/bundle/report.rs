@@ -39,10 +39,16 @@ pub struct Inspection {
 pub struct Report {
     /// Everything [`inspect`](super::inspect) also reports.
     pub inspection: Inspection,
-    /// sha256 of the canonical gzip bundle, 64 lowercase hex digits.
+    /// sha256 of the stored bundle (the bytes, never recomputed from the
+    /// tree), 64 lowercase hex digits.
     pub bundle_digest: String,
-    /// Size of the canonical `.tar.gz`.
+    /// Size of the stored bundle.
     pub bundle_bytes: u64,
+    /// How the stored bundle was made: `as-uploaded` (the upload's own
+    /// bytes, already canonical) or the name of the canonical gzip
+    /// encoding (compressor, version, level). The bundle digest depends on
+    /// it, so it is recorded with every stored bundle.
+    pub bundle_encoding: String,
 }
 
 impl Report {
@@ -65,7 +71,7 @@ impl Deref for Report {
 impl Serialize for Report {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let i = &self.inspection;
-        let mut s = serializer.serialize_struct("Report", 10)?;
+        let mut s = serializer.serialize_struct("Report", 11)?;
         s.serialize_field("revision", &i.revision)?;
         s.serialize_field("bundleDigest", &self.bundle_digest)?;
         s.serialize_field("files", &i.files)?;
@@ -76,6 +82,7 @@ impl Serialize for Report {
         s.serialize_field("bundleBytes", &self.bundle_bytes)?;
         s.serialize_field("inputInflatedBytes", &i.input_inflated_bytes)?;
         s.serialize_field("inputEntries", &i.input_entries)?;
+        s.serialize_field("bundleEncoding", &self.bundle_encoding)?;
         s.end()
     }
 }
@@ -99,10 +106,11 @@ mod tests {
             },
             bundle_digest: "d".into(),
             bundle_bytes: 8,
+            bundle_encoding: "e".into(),
         };
         assert_eq!(
             serde_json::to_string(&report).unwrap(),
-            r#"{"revision":"r","bundleDigest":"d","files":1,"dirs":2,"entries":3,"inflatedBytes":4,"compressedBytes":5,"bundleBytes":8,"inputInflatedBytes":6,"inputEntries":7}"#
+            r#"{"revision":"r","bundleDigest":"d","files":1,"dirs":2,"entries":3,"inflatedBytes":4,"compressedBytes":5,"bundleBytes":8,"inputInflatedBytes":6,"inputEntries":7,"bundleEncoding":"e"}"#
         );
         assert_eq!(report.files, 1);
         assert_eq!(report.inspection(), report.inspection);

@@ -111,6 +111,7 @@ fn print_report(report: &Report, output: OutputFormat) {
             println!("entries        {}", report.entries);
             println!("inflatedBytes  {}", report.inflated_bytes);
             println!("bundleBytes    {}", report.bundle_bytes);
+            println!("bundleEncoding {}", report.bundle_encoding);
         }
     }
 }

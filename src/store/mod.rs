@@ -42,6 +42,14 @@ impl WorkloadStatus {
     }
 }
 
+/// The encoding of bundles stored before encodings were recorded: one
+/// zlib-rs level-1 gzip stream.
+pub const LEGACY_ENCODING: &str = "gzip+zlib-rs+level-1";
+
+fn legacy_encoding() -> String {
+    LEGACY_ENCODING.to_owned()
+}
+
 /// One uploaded, canonicalised bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RevisionRecord {
@@ -55,6 +63,11 @@ pub struct RevisionRecord {
     pub entries: u64,
     /// Size of the stored bundle.
     pub bytes: u64,
+    /// How the stored bundle was made (see
+    /// [`Report::bundle_encoding`](crate::bundle::Report::bundle_encoding));
+    /// records from before it was kept read as [`LEGACY_ENCODING`].
+    #[serde(default = "legacy_encoding")]
+    pub bundle_encoding: String,
     /// Size of the canonical tar.
     pub inflated_bytes: u64,
     /// When it was uploaded (ms since the epoch).

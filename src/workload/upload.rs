@@ -84,6 +84,7 @@ impl WorkloadService {
             inspection,
             bundle_digest,
             bundle_bytes,
+            bundle_encoding,
         } = report;
         let revision = RevisionRecord {
             revision: inspection.revision,
@@ -91,6 +92,7 @@ impl WorkloadService {
             files: inspection.files,
             entries: inspection.entries,
             bytes: bundle_bytes,
+            bundle_encoding,
             inflated_bytes: inspection.inflated_bytes,
             uploaded_at_ms: now_ms(),
         };

@@ -13,6 +13,7 @@ mod common;
 mod bundle_pack_async;
 mod bundle_props;
 mod bundle_rules;
+mod bundle_store;
 mod compat_auth;
 mod compat_delete;
 mod compat_json;

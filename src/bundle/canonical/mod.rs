@@ -1,33 +1,47 @@
 //! The canonical archive and the streaming inspector that produces it:
 //! [`canonicalize`] (and [`inspect`], the same run without output) makes
-//! one pass from the upload to the canonical bundle, with bounded memory;
-//! the `writer` submodule writes the deterministic tar and its gzip.
+//! one pass from the upload to the canonical bundle, with bounded memory.
 //!
 //! The input chain is `R` → compressed counter → gzip decoder → inflated
-//! counter → tar walker, all on the calling thread. Accepted file contents
-//! go to an unnamed, LZ4-compressed spool file. While members arrive in canonical order
-//! (as `contextctl bundle pack` and `tar --sort=name` write them) the
-//! canonical tar is also produced *speculatively* on the fly and handed to
-//! a sink thread (hash or gzip), so the two cores overlap inflate and
-//! deflate. The first out-of-order member abandons the speculation; the
-//! canonical archive is then emitted from the spool in sorted order at the
-//! end. Either way the bytes are identical.
+//! counter → tar walker, on the calling thread. Accepted file contents go
+//! to an unnamed, LZ4-compressed spool file. While members arrive in canonical order (as
+//! `contextctl bundle pack` and `tar --sort=name` write them) the
+//! canonical tar is also produced *speculatively* on the fly; the first
+//! out-of-order member abandons the speculation and the canonical archive
+//! is emitted from the spool in sorted order at the end. Either way the
+//! bytes are identical.
+//!
+//! The stored bundle is the upload itself when its inflated stream *is*
+//! the canonical tar (what `contextctl` sends; see `compare`), else the
+//! canonical gzip (`pgzip`), compressed by one worker per core while the
+//! calling thread inflates and parses, another thread hashes the revision
+//! and another writes the bundle (`engine`, `pipeline`). Large files are
+//! compressed as they arrive even when out of order.
 
+mod compare;
+mod engine;
+mod pgzip;
+mod pipeline;
 pub(crate) mod writer;
 
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::fs::File;
-use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufReader, Read};
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::Arc;
+use std::thread::{Scope, ScopedJoinHandle};
 
 use flate2::bufread::GzDecoder;
 
-use writer::{
-    gzip, hex, spawn_sink, AppendError, CanonicalTar, Chunked, HashingWriter, Sink, SinkJob,
-    TarTap, CHUNK,
-};
+pub use engine::BundleOut;
 
-use super::budget::{Charge, Charged};
+use engine::{start_hasher, Dest, Engine, Forward, Written};
+use pipeline::{is_big, Bundle, Pipeline, RawTap, Shared};
+use writer::{hex, AppendError, CanonicalTar, CHUNK};
+
+use super::budget::Charge;
 use super::context_layout;
 use super::error::BundleError;
 use super::limits::{CanonicalOptions, Limits};
@@ -36,49 +50,60 @@ use super::reader::{
     ensure_no_trailing, trip, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap,
 };
 use super::report::{Inspection, Report};
-use super::spool::{RangeReader, Spool, SpoolFile};
+use super::spool::{RangeReader, Spool};
 use super::tree::{FileNode, Node, Tree};
+use compare::{Comparator, Side};
+use pgzip::PIECE;
+
+/// The encoding name of a bundle stored as uploaded.
+pub const AS_UPLOADED: &str = "as-uploaded";
+
+/// The encoding name of a canonical gzip written at `level` by this
+/// build: the bundleDigest of a recompressed bundle depends on it.
+pub fn encoding(level: u32) -> String {
+    pgzip::encoding(level)
+}
 
 /// Validates a gzip-compressed tar and computes its revision, without
-/// writing a canonical gzip (so there is no bundle digest; use
-/// [`canonicalize`] for that). File contents are spooled to an unnamed
-/// temporary file unless the members arrive in canonical order.
+/// writing a bundle (so there is no bundle digest; use [`canonicalize`]
+/// for that). File contents are spooled to an unnamed temporary file.
 pub fn inspect<R: Read>(input: R, limits: &Limits) -> Result<Inspection, BundleError> {
     Ok(run::<R, io::Sink>(input, limits, None, None, &Charge::default())?.inspection())
 }
 
-/// The upload path: validates while streaming and writes the canonical
-/// gzip bundle to `out`. On error, `out` may hold a partial bundle; the
-/// caller discards it. Temporary files are charged to
+/// The upload path: validates while streaming and writes the bundle to
+/// `out`: the upload's own bytes when they already are the canonical
+/// bundle, else the canonical gzip. On error, `out` may hold a partial
+/// bundle; the caller discards it. Temporary files are charged to
 /// `opts.temp_budget`; a run it cannot hold fails with
 /// [`BundleError::TempSpaceExhausted`].
-pub fn canonicalize<R: Read, W: Write>(
+pub fn canonicalize<R: Read, W: BundleOut>(
     input: R,
     limits: &Limits,
     opts: &CanonicalOptions,
-    out: W,
+    mut out: W,
 ) -> Result<Report, BundleError> {
     let charge = Charge::new(opts.temp_budget.as_ref());
     let outcome = run(
         input,
         limits,
-        Some((opts.gzip_level, out)),
+        Some((opts.gzip_level, &mut out)),
         opts.temp_dir.as_deref(),
         &charge,
     )
-    // Whatever the refusal surfaced as (a spool write, a stopped sink),
+    // Whatever the refusal surfaced as (a spool write, a stopped writer),
     // the cause is the budget.
     .map_err(|e| match charge.refused() {
         Some(limit) => BundleError::TempSpaceExhausted { limit },
         None => e,
     })?;
-    let (digest, bundle_bytes) = outcome.bundle.ok_or_else(|| BundleError::Internal {
-        detail: "canonical bundle was not produced".into(),
-    })?;
+    let inspection = outcome.inspection();
+    let (written, encoding) = outcome.bundle.ok_or_else(|| missing("bundle"))?;
     Ok(Report {
-        inspection: outcome.inspection(),
-        bundle_digest: hex(&digest),
-        bundle_bytes,
+        inspection,
+        bundle_digest: hex(&written.digest),
+        bundle_bytes: written.bytes,
+        bundle_encoding: encoding,
     })
 }
 
@@ -103,6 +128,12 @@ pub(crate) fn storage(source: io::Error) -> BundleError {
     BundleError::Storage { source }
 }
 
+fn missing(what: &str) -> BundleError {
+    BundleError::Internal {
+        detail: format!("{what} was not produced"),
+    }
+}
+
 /// What one run produced.
 struct Outcome {
     revision: [u8; 32],
@@ -113,7 +144,7 @@ struct Outcome {
     compressed: u64,
     inflated: u64,
     members: u64,
-    bundle: Option<([u8; 32], u64)>,
+    bundle: Option<(Written, String)>,
 }
 
 impl Outcome {
@@ -131,55 +162,18 @@ impl Outcome {
     }
 }
 
-/// The speculative canonical stream (see the module docs). Field order
-/// matters: `tar` (which holds the channel) drops before `sink` waits for
-/// its thread.
-struct Speculation {
-    tar: CanonicalTar<TarTap<io::Sink>>,
-    sink: Sink,
+/// The speculative canonical stream (see the module docs).
+struct Speculation<'scope> {
+    tar: CanonicalTar,
+    hash: ScopedJoinHandle<'scope, [u8; 32]>,
     last: Option<CanonPath>,
 }
 
-impl Speculation {
-    fn start(
-        gzip_level: Option<u32>,
-        temp_dir: Option<&Path>,
-        charge: &Charge,
-    ) -> Result<Self, BundleError> {
-        let job = match gzip_level {
-            Some(level) => SinkJob {
-                hash: false,
-                gzip: Some((level, Charged::new(temp_file(temp_dir)?, charge.clone()))),
-            },
-            None => SinkJob {
-                hash: true,
-                gzip: None,
-            },
-        };
-        let (chan, sink) = spawn_sink(job).map_err(storage)?;
-        // With gzip on the sink thread, hash here to balance the two cores.
-        let tap = TarTap::new(gzip_level.is_some(), Some(chan), None);
-        Ok(Self {
-            tar: CanonicalTar::new(tap),
-            sink,
-            last: None,
-        })
+impl Speculation<'_> {
+    /// Drops the speculative stream; returns the large files it packed.
+    fn abandon(mut self) -> HashSet<u64> {
+        self.tar.pipeline().abandon()
     }
-
-    /// Drops the speculative output; the sink thread winds down.
-    fn abandon(self) {
-        let Speculation { tar, sink, .. } = self;
-        drop(tar);
-        drop(sink);
-    }
-}
-
-fn temp_file(dir: Option<&Path>) -> Result<File, BundleError> {
-    match dir {
-        Some(d) => tempfile::tempfile_in(d),
-        None => tempfile::tempfile(),
-    }
-    .map_err(storage)
 }
 
 /// Copies a member's data into the spool as the canonical writer reads it.
@@ -209,24 +203,85 @@ fn check_entries(entries: u64, limits: &Limits, entry: &str) -> Result<(), Bundl
     Ok(())
 }
 
-fn run<R: Read, W: Write>(
+fn run<R: Read, W: BundleOut>(
     input: R,
     limits: &Limits,
-    gz_out: Option<(u32, W)>,
+    out: Option<(u32, &mut W)>,
     temp_dir: Option<&Path>,
     charge: &Charge,
 ) -> Result<Outcome, BundleError> {
+    let level = out.as_ref().map_or(0, |(level, _)| *level);
+    std::thread::scope(|s| {
+        let engine = match out {
+            Some((level, out)) => {
+                Some(Engine::start(s, out, level, temp_dir, charge.clone()).map_err(storage)?)
+            }
+            None => None,
+        };
+        let (dispatch, engine) = match engine {
+            Some((d, e)) => (Some(Shared::new(d)), Some(e)),
+            None => (None, None),
+        };
+        let result = walk(s, input, limits, dispatch.as_ref(), temp_dir, charge);
+        // Closing the dispatcher lets the workers and the writer finish.
+        if let Some(d) = &dispatch {
+            d.close();
+        }
+        let written = engine.map(Engine::join);
+        let (mut outcome, kind) = result?;
+        outcome.bundle = match (written, kind) {
+            (Some(w), Bundle::AsUploaded) => Some((w.map_err(storage)?, AS_UPLOADED.to_owned())),
+            (Some(w), Bundle::Recompressed) => Some((w.map_err(storage)?, encoding(level))),
+            (None, _) => None,
+            (Some(_), _) => return Err(missing("bundle")),
+        };
+        Ok(outcome)
+    })
+}
+
+/// The input side of [`run`]: walks the upload, spools contents, speculates,
+/// and emits the canonical archive.
+fn walk<'scope, R: Read>(
+    s: &'scope Scope<'scope, '_>,
+    input: R,
+    limits: &Limits,
+    dispatch: Option<&Shared>,
+    temp_dir: Option<&Path>,
+    charge: &Charge,
+) -> Result<(Outcome, Bundle), BundleError> {
     let trap: Trap = Rc::default();
-    let compressed = CompressedCounter::new(input, limits.compressed_bytes, trap.clone());
+    let compare = dispatch.map(|_| Rc::new(RefCell::new(Comparator::default())));
+    let raw = dispatch.map(|d| Rc::new(RefCell::new(RawTap::new(d.clone()))));
+    let mut compressed = CompressedCounter::new(input, limits.compressed_bytes, trap.clone());
+    if let Some(raw) = &raw {
+        let raw = raw.clone();
+        compressed = compressed.with_tap(Box::new(move |b| raw.borrow_mut().feed(b)));
+    }
     let decoder = GzDecoder::new(BufReader::with_capacity(CHUNK, compressed));
-    let inflated = BufReader::with_capacity(
-        CHUNK,
-        InflateCounter::new(decoder, limits.inflated_bytes, trap.clone()),
-    );
+    let mut counter = InflateCounter::new(decoder, limits.inflated_bytes, trap.clone());
+    if let Some(c) = &compare {
+        let c = c.clone();
+        counter = counter.with_tap(Box::new(move |b| {
+            c.borrow_mut().feed(Side::Input, b);
+            Ok(())
+        }));
+    }
+    let inflated = BufReader::with_capacity(CHUNK, counter);
     let mut walker = TarWalker::new(inflated, limits, trap.clone());
     let mut spool = Spool::new(temp_dir, charge.clone()).map_err(storage)?;
-    let level = gz_out.as_ref().map(|(level, _)| *level);
-    let mut spec = Some(Speculation::start(level, temp_dir, charge)?);
+
+    let (tx, hash) = start_hasher(s).map_err(storage)?;
+    let pipeline = match (dispatch, &compare, &raw) {
+        (Some(d), Some(c), Some(r)) => Pipeline::matching(tx, d.clone(), c.clone(), r.clone()),
+        _ => Pipeline::hash_only(tx),
+    };
+    let mut spec = Some(Speculation {
+        tar: CanonicalTar::new(pipeline),
+        hash,
+        last: None,
+    });
+    // Large files whose compressed pieces are in the packed spool.
+    let mut packed: HashSet<u64> = HashSet::new();
     let mut tree = Tree::default();
     let mut entries = 0u64;
     let mut root_seen = false;
@@ -249,6 +304,7 @@ fn run<R: Read, W: Write>(
             }
             continue;
         };
+        let key = spool.len();
         let created = match member.kind {
             MemberKind::Dir => tree.add_dir(path.clone())?,
             MemberKind::File { exec } => tree.add_file(
@@ -256,7 +312,7 @@ fn run<R: Read, W: Write>(
                 FileNode {
                     size: member.size,
                     exec,
-                    offset: spool.len(),
+                    offset: key,
                 },
             )?,
         };
@@ -271,12 +327,17 @@ fn run<R: Read, W: Write>(
         };
         if out_of_order {
             if let Some(s) = spec.take() {
-                s.abandon();
+                packed.extend(s.abandon());
             }
         }
         let Some(s) = spec.as_mut() else {
-            if member.kind != MemberKind::Dir {
-                copy_to_spool(&mut walker, &mut spool, &mut buf)?;
+            match (member.kind, dispatch) {
+                (MemberKind::File { .. }, Some(d)) if is_big(member.size) => {
+                    pack_member(&mut walker, &mut spool, d, key, member.size)?;
+                    packed.insert(key);
+                }
+                (MemberKind::File { .. }, _) => copy_to_spool(&mut walker, &mut spool, &mut buf)?,
+                (MemberKind::Dir, _) => {}
             }
             continue;
         };
@@ -293,7 +354,9 @@ fn run<R: Read, W: Write>(
                 spool: &mut spool,
                 trap: &trap,
             };
-            let res = s.tar.append_file(path.as_str(), member.size, exec, tee);
+            let res = s
+                .tar
+                .append_file(path.as_str(), member.size, exec, tee, key, false);
             match res {
                 Ok(()) => {}
                 Err(AppendError::Read(e)) => return Err(walker.cause(e)),
@@ -302,6 +365,13 @@ fn run<R: Read, W: Write>(
         }
         if let Some(last) = created.last() {
             s.last = Some(last.clone());
+        }
+        // The upload differed from the canonical tar too late to compress
+        // from the start: emit from the spool instead.
+        if s.tar.pipeline().lost() {
+            if let Some(s) = spec.take() {
+                packed.extend(s.abandon());
+            }
         }
     }
 
@@ -318,24 +388,41 @@ fn run<R: Read, W: Write>(
     };
     context_layout::verify(&tree, &mut open, &|_, e| storage(e))?;
 
-    let (revision, tar_bytes, canonical_entries, bundle) = match spec {
-        Some(s) => finish_speculation(s, gz_out)?,
-        None => emit_from_spool(&tree, &spool, gz_out)?,
+    let speculated = match spec {
+        Some(s) => finish_speculation(s)?,
+        None => None,
     };
-    Ok(Outcome {
-        revision,
-        tar_bytes,
-        entries: canonical_entries,
-        files: tree.files(),
-        dirs: tree.dirs(),
-        compressed: compressed_bytes,
-        inflated: inflated_bytes,
-        members,
-        bundle,
-    })
+    let emitted = match speculated {
+        Some(e) => e,
+        None => {
+            // A bundle speculation gave up may have packed more files.
+            emit_tree(s, &tree, &mut open, &|_, e| storage(e), dispatch, &packed)?
+        }
+    };
+    drop(raw);
+    Ok((
+        Outcome {
+            revision: emitted.revision,
+            tar_bytes: emitted.tar_bytes,
+            entries: emitted.entries,
+            files: tree.files(),
+            dirs: tree.dirs(),
+            compressed: compressed_bytes,
+            inflated: inflated_bytes,
+            members,
+            bundle: None,
+        },
+        emitted.bundle,
+    ))
 }
 
-type Emitted = ([u8; 32], u64, u64, Option<([u8; 32], u64)>);
+/// What emitting one canonical tar produced.
+pub(crate) struct Emitted {
+    pub revision: [u8; 32],
+    pub tar_bytes: u64,
+    pub entries: u64,
+    pub bundle: Bundle,
+}
 
 fn copy_to_spool<R: Read>(
     walker: &mut TarWalker<R>,
@@ -353,71 +440,82 @@ fn copy_to_spool<R: Read>(
     }
 }
 
-fn missing(what: &str) -> BundleError {
-    BundleError::Internal {
-        detail: format!("{what} was not computed"),
+/// Spools a large file's data and compresses it at once into the packed
+/// spool, in the same pieces the canonical stream would cut.
+fn pack_member<R: Read>(
+    walker: &mut TarWalker<R>,
+    spool: &mut Spool,
+    dispatch: &Shared,
+    key: u64,
+    size: u64,
+) -> Result<(), BundleError> {
+    let mut prev = None;
+    let mut left = size;
+    while left > 0 {
+        let want = usize::try_from(left).unwrap_or(usize::MAX).min(PIECE);
+        let mut piece = Vec::with_capacity(want);
+        let read = walker.data().take(want as u64).read_to_end(&mut piece);
+        match read {
+            Ok(n) if n == want => {}
+            Ok(_) => return Err(BundleError::TruncatedTar { entry: None }),
+            Err(e) => return Err(walker.cause(e)),
+        }
+        spool.append(&piece).map_err(storage)?;
+        let piece = Arc::new(piece);
+        dispatch
+            .with(|d| d.piece(piece.clone(), prev.take(), Dest::Pack(key)))
+            .map_err(storage)?;
+        prev = Some(piece);
+        left -= want as u64;
     }
+    Ok(())
 }
 
 /// Completes the speculative stream: the archive is already canonical.
-fn finish_speculation<W: Write>(
-    s: Speculation,
-    gz_out: Option<(u32, W)>,
-) -> Result<Emitted, BundleError> {
-    let entries = s.tar.entries();
-    let tap = s.tar.finish().map_err(storage)?;
-    let (here, tar_bytes, _) = tap.finish().map_err(storage)?;
-    let output = s.sink.join().map_err(storage)?;
-    let revision = here
-        .or(output.tar_digest)
-        .ok_or_else(|| missing("revision"))?;
-    let bundle = match (gz_out, output.gz) {
-        (Some((_, mut out)), Some((mut file, digest, bytes))) => {
-            file.seek(SeekFrom::Start(0)).map_err(storage)?;
-            io::copy(&mut BufReader::with_capacity(CHUNK, file), &mut out).map_err(storage)?;
-            out.flush().map_err(storage)?;
-            Some((digest, bytes))
-        }
-        (None, _) => None,
-        (Some(_), None) => return Err(missing("canonical gzip")),
-    };
-    Ok((revision, tar_bytes, entries, bundle))
-}
-
-/// Emits the canonical archive from the tree and the spool.
-fn emit_from_spool<W: Write>(
-    tree: &Tree,
-    spool: &SpoolFile,
-    gz_out: Option<(u32, W)>,
-) -> Result<Emitted, BundleError> {
-    let mut open = |_: &str, f: &FileNode| -> Result<Box<dyn Read + '_>, BundleError> {
-        Ok(Box::new(RangeReader::new(spool, f.offset, f.size)))
-    };
-    emit_tree(tree, &mut open, &|_, e| storage(e), gz_out)
+/// `None` when its bundle was lost (emit again from the spool).
+fn finish_speculation(s: Speculation<'_>) -> Result<Option<Emitted>, BundleError> {
+    let Speculation { tar, hash, .. } = s;
+    let entries = tar.entries();
+    let mut pipeline = tar.finish().map_err(storage)?;
+    let tar_bytes = pipeline.bytes();
+    let bundle = pipeline.finish().map_err(storage)?;
+    let revision = hash.join().map_err(|_| missing("revision"))?;
+    if bundle == Bundle::Lost {
+        return Ok(None);
+    }
+    Ok(Some(Emitted {
+        revision,
+        tar_bytes,
+        entries,
+        bundle,
+    }))
 }
 
 /// Emits the canonical archive of `tree`, reading file contents through
-/// `open`: the tar is hashed on a sink thread while this thread gzips it
-/// into `gz_out` (if any).
-pub(crate) fn emit_tree<'a, W: Write>(
+/// `open`: hashed on one thread, compressed into a new bundle through
+/// `dispatch` (if any). Large files in `packed` are copied, already
+/// compressed, from the packed spool.
+pub(crate) fn emit_tree<'a, 'scope>(
+    s: &'scope Scope<'scope, '_>,
     tree: &Tree,
     open: &mut context_layout::Opener<'a>,
     read_err: &dyn Fn(&str, io::Error) -> BundleError,
-    gz_out: Option<(u32, W)>,
+    dispatch: Option<&Shared>,
+    packed: &HashSet<u64>,
 ) -> Result<Emitted, BundleError> {
-    let (chan, sink) = spawn_sink(SinkJob {
-        hash: true,
-        gzip: None,
-    })
-    .map_err(storage)?;
-    let local = gz_out.map(|(level, out)| Chunked::new(gzip(HashingWriter::new(out), level)));
-    let mut tar = CanonicalTar::new(TarTap::new(false, Some(chan), local));
+    let (tx, hash) = start_hasher(s).map_err(storage)?;
+    let pipeline = match dispatch {
+        Some(d) => Pipeline::deflating(tx, d.clone()).map_err(storage)?,
+        None => Pipeline::hash_only(tx),
+    };
+    let mut tar = CanonicalTar::new(pipeline);
     for (path, node) in tree.iter() {
         match node {
             Node::Dir { .. } => tar.append_dir(path.as_str()).map_err(storage)?,
             Node::File(f) => {
                 let data = open(path.as_str(), f)?;
-                tar.append_file(path.as_str(), f.size, f.exec, data)
+                let prepacked = packed.contains(&f.offset) && is_big(f.size);
+                tar.append_file(path.as_str(), f.size, f.exec, data, f.offset, prepacked)
                     .map_err(|e| match e {
                         AppendError::Read(e) => read_err(path.as_str(), e),
                         AppendError::Write(e) => storage(e),
@@ -426,18 +524,38 @@ pub(crate) fn emit_tree<'a, W: Write>(
         }
     }
     let entries = tar.entries();
-    let tap = tar.finish().map_err(storage)?;
-    let (_, tar_bytes, local) = tap.finish().map_err(storage)?;
-    let output = sink.join().map_err(storage)?;
-    let revision = output.tar_digest.ok_or_else(|| missing("revision"))?;
-    let bundle = match local {
-        Some(chunked) => {
-            let enc = chunked.finish().map_err(storage)?;
-            let (mut out, digest, bytes) = enc.finish().map_err(storage)?.finish();
-            out.flush().map_err(storage)?;
-            Some((digest, bytes))
-        }
-        None => None,
-    };
-    Ok((revision, tar_bytes, entries, bundle))
+    let mut pipeline = tar.finish().map_err(storage)?;
+    let tar_bytes = pipeline.bytes();
+    let bundle = pipeline.finish().map_err(storage)?;
+    drop(pipeline);
+    let revision = hash.join().map_err(|_| missing("revision"))?;
+    Ok(Emitted {
+        revision,
+        tar_bytes,
+        entries,
+        bundle,
+    })
+}
+
+/// Emits `tree` as a canonical bundle at `level` into `out`, in order
+/// (the directory packer).
+pub(crate) fn pack_tree<'a, W: io::Write + Send>(
+    tree: &Tree,
+    open: &mut context_layout::Opener<'a>,
+    read_err: &dyn Fn(&str, io::Error) -> BundleError,
+    level: u32,
+    out: W,
+) -> Result<(Emitted, Written), BundleError> {
+    let mut out = Forward::new(out);
+    std::thread::scope(|s| {
+        // The packer spools nothing (emit_tree packs no file ahead).
+        let (d, engine) =
+            Engine::start(s, &mut out, level, None, Charge::default()).map_err(storage)?;
+        let dispatch = Shared::new(d);
+        let emitted = emit_tree(s, tree, open, read_err, Some(&dispatch), &HashSet::new());
+        dispatch.close();
+        let written = engine.join();
+        let emitted = emitted?;
+        Ok((emitted, written.map_err(storage)?))
+    })
 }

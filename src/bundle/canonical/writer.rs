@@ -1,319 +1,23 @@
-//! The canonical archive: a deterministic tar of the accepted tree, its
-//! digests, and the deterministic gzip wrapping.
+//! The canonical tar: a deterministic archive of the accepted tree.
 //!
 //! Entries are sorted by path (component-wise, see `CanonPath`),
 //! directories are `0755` and named with a trailing `/`, files are `0644`
 //! or `0755`, uid/gid/mtime are 0, user and group names are empty, there
 //! are no xattrs, and a PAX `path` record appears only when a path does not
-//! fit the ustar name/prefix fields. The gzip header has mtime 0, no file
-//! name and OS byte 255, so the bundle bytes depend only on the tree, the
-//! level and the zlib-rs version.
+//! fit the ustar name/prefix fields. The bytes go to a [`Pipeline`], told
+//! where each large file's data begins and ends (it compresses those in
+//! chains of their own).
 
-use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::thread::JoinHandle;
+use std::io::{self, Read, Write};
 
-use flate2::write::GzEncoder;
-use flate2::{Compression, GzBuilder};
-use sha2::{Digest, Sha256};
+use super::pipeline::{is_big, Pipeline};
 
-use crate::bundle::budget::Charged;
-
-/// Chunk size for copies and for the hand-off to the sink thread: large
-/// enough that per-call costs (hash, deflate, channel) vanish.
+/// Chunk size for copies: large enough that per-call costs vanish.
 pub(crate) const CHUNK: usize = 256 * 1024;
-
-/// Chunks in flight to the sink thread; bounds that buffer at ~1 MiB.
-const IN_FLIGHT: usize = 4;
 
 /// A sha256 digest as 64 lowercase hex digits.
 pub(crate) fn hex(digest: &[u8]) -> String {
     hex::encode(digest)
-}
-
-/// A gzip encoder with a deterministic header.
-pub(crate) fn gzip<W: Write>(w: W, level: u32) -> GzEncoder<W> {
-    GzBuilder::new()
-        .mtime(0)
-        .operating_system(255)
-        .write(w, Compression::new(level.min(9)))
-}
-
-/// Passes bytes through while hashing and counting them.
-pub(crate) struct HashingWriter<W> {
-    inner: W,
-    hasher: Sha256,
-    count: u64,
-}
-
-impl<W: Write> HashingWriter<W> {
-    pub(crate) fn new(inner: W) -> Self {
-        Self {
-            inner,
-            hasher: Sha256::new(),
-            count: 0,
-        }
-    }
-
-    /// The writer, the digest and the byte count.
-    pub(crate) fn finish(self) -> (W, [u8; 32], u64) {
-        (self.inner, self.hasher.finalize().into(), self.count)
-    }
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.count += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// Feeds `inner` in fixed `CHUNK`-sized writes, whatever the caller's
-/// write sizes. Deflate output can depend on how input is split across
-/// calls, so both gzip paths (sink thread and local) use the same split to
-/// keep the bundle digest identical.
-pub(crate) struct Chunked<W: Write> {
-    inner: W,
-    buf: Vec<u8>,
-}
-
-impl<W: Write> Chunked<W> {
-    pub(crate) fn new(inner: W) -> Self {
-        Self {
-            inner,
-            buf: Vec::with_capacity(CHUNK),
-        }
-    }
-
-    /// Writes the last partial chunk and returns the writer (unflushed).
-    pub(crate) fn finish(mut self) -> io::Result<W> {
-        if !self.buf.is_empty() {
-            self.inner.write_all(&self.buf)?;
-        }
-        Ok(self.inner)
-    }
-}
-
-impl<W: Write> Write for Chunked<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = buf.len().min(CHUNK - self.buf.len());
-        self.buf.extend_from_slice(&buf[..n]);
-        if self.buf.len() == CHUNK {
-            self.inner.write_all(&self.buf)?;
-            self.buf.clear();
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// What the sink thread does with the canonical tar bytes it receives.
-pub(crate) struct SinkJob {
-    /// Hash the tar (the revision) on the sink thread.
-    pub hash: bool,
-    /// Gzip at this level into this (temporary, charged) file.
-    pub gzip: Option<(u32, Charged<File>)>,
-}
-
-/// What the sink thread produced.
-pub(crate) struct SinkOutput {
-    /// sha256 of the tar, when hashed there.
-    pub tar_digest: Option<[u8; 32]>,
-    /// The gzip file, its sha256 and size.
-    pub gz: Option<(File, [u8; 32], u64)>,
-}
-
-/// Handle on a running sink thread. Dropping it waits for the thread, so
-/// no worker outlives the call that started it; drop the [`ChunkSender`]
-/// first (it closes the channel the thread waits on).
-pub(crate) struct Sink {
-    join: Option<JoinHandle<io::Result<SinkOutput>>>,
-}
-
-impl Sink {
-    /// Waits for the sink to drain and returns its output.
-    pub(crate) fn join(mut self) -> io::Result<SinkOutput> {
-        match self.join.take() {
-            Some(handle) => handle
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("canonical sink thread panicked"))),
-            None => Err(io::Error::other("canonical sink already joined")),
-        }
-    }
-}
-
-impl Drop for Sink {
-    fn drop(&mut self) {
-        if let Some(handle) = self.join.take() {
-            let _ = handle.join();
-        }
-    }
-}
-
-/// Sends canonical tar bytes to the sink thread in `CHUNK`-sized buffers,
-/// reusing the buffers the sink hands back.
-pub(crate) struct ChunkSender {
-    tx: Option<SyncSender<Vec<u8>>>,
-    recycled: Receiver<Vec<u8>>,
-    buf: Vec<u8>,
-}
-
-impl ChunkSender {
-    fn send_buf(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let next = self
-            .recycled
-            .try_recv()
-            .unwrap_or_else(|_| Vec::with_capacity(CHUNK));
-        let full = std::mem::replace(&mut self.buf, next);
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| io::Error::other("canonical sink already closed"))?;
-        tx.send(full)
-            .map_err(|_| io::Error::other("canonical sink stopped"))
-    }
-
-    /// Sends what is buffered and closes the channel.
-    pub(crate) fn close(&mut self) -> io::Result<()> {
-        self.send_buf()?;
-        self.tx = None;
-        Ok(())
-    }
-}
-
-impl Write for ChunkSender {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let room = CHUNK - self.buf.len();
-        let n = buf.len().min(room);
-        self.buf.extend_from_slice(&buf[..n]);
-        if self.buf.len() >= CHUNK {
-            self.send_buf()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Starts a sink thread for `job`.
-pub(crate) fn spawn_sink(job: SinkJob) -> io::Result<(ChunkSender, Sink)> {
-    let (tx, rx) = sync_channel::<Vec<u8>>(IN_FLIGHT);
-    let (back_tx, back_rx) = sync_channel::<Vec<u8>>(IN_FLIGHT + 2);
-    let join = std::thread::Builder::new()
-        .name("bundle-sink".into())
-        .spawn(move || -> io::Result<SinkOutput> {
-            let mut hasher = job.hash.then(Sha256::new);
-            let mut gz = job.gzip.map(|(level, file)| {
-                gzip(
-                    HashingWriter::new(BufWriter::with_capacity(CHUNK, file)),
-                    level,
-                )
-            });
-            for mut chunk in rx {
-                if let Some(h) = hasher.as_mut() {
-                    h.update(&chunk);
-                }
-                if let Some(g) = gz.as_mut() {
-                    g.write_all(&chunk)?;
-                }
-                chunk.clear();
-                // The main thread may be gone or have enough buffers.
-                let _ = back_tx.try_send(chunk);
-            }
-            let gz = match gz {
-                Some(g) => {
-                    let (buffered, digest, bytes) = g.finish()?.finish();
-                    let file = buffered
-                        .into_inner()
-                        .map_err(std::io::IntoInnerError::into_error)?;
-                    Some((file.into_inner(), digest, bytes))
-                }
-                None => None,
-            };
-            Ok(SinkOutput {
-                tar_digest: hasher.map(|h| h.finalize().into()),
-                gz,
-            })
-        })?;
-    Ok((
-        ChunkSender {
-            tx: Some(tx),
-            recycled: back_rx,
-            buf: Vec::with_capacity(CHUNK),
-        },
-        Sink { join: Some(join) },
-    ))
-}
-
-/// Where the canonical tar bytes go: optionally hashed here, optionally
-/// handed to a sink thread, optionally written to a local writer (the
-/// gzip encoder of the caller's output).
-pub(crate) struct TarTap<L> {
-    hasher: Option<Sha256>,
-    bytes: u64,
-    chan: Option<ChunkSender>,
-    local: Option<L>,
-}
-
-impl<L: Write> TarTap<L> {
-    pub(crate) fn new(hash_here: bool, chan: Option<ChunkSender>, local: Option<L>) -> Self {
-        Self {
-            hasher: hash_here.then(Sha256::new),
-            bytes: 0,
-            chan,
-            local,
-        }
-    }
-
-    /// Flushes and closes everything; returns the local digest (if hashed
-    /// here), the byte count and the local writer.
-    pub(crate) fn finish(mut self) -> io::Result<(Option<[u8; 32]>, u64, Option<L>)> {
-        if let Some(c) = self.chan.as_mut() {
-            c.close()?;
-        }
-        // No flush of `local`: a gzip flush would emit a sync block and
-        // change the bundle bytes.
-        Ok((
-            self.hasher.map(|h| h.finalize().into()),
-            self.bytes,
-            self.local,
-        ))
-    }
-}
-
-impl<L: Write> Write for TarTap<L> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if let Some(l) = self.local.as_mut() {
-            l.write_all(buf)?;
-        }
-        if let Some(c) = self.chan.as_mut() {
-            c.write_all(buf)?;
-        }
-        if let Some(h) = self.hasher.as_mut() {
-            h.update(buf);
-        }
-        self.bytes += buf.len() as u64;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 /// Where a failed append went wrong: reading the content or writing the
@@ -327,8 +31,8 @@ pub(crate) enum AppendError {
 }
 
 /// Writes the canonical tar.
-pub(crate) struct CanonicalTar<W: Write> {
-    builder: tar::Builder<W>,
+pub(crate) struct CanonicalTar {
+    builder: tar::Builder<Pipeline>,
     buf: Vec<u8>,
     entries: u64,
 }
@@ -388,8 +92,8 @@ fn pax_path_header(name: &str) -> (tar::Header, Vec<u8>) {
     (header, records)
 }
 
-impl<W: Write> CanonicalTar<W> {
-    pub(crate) fn new(w: W) -> Self {
+impl CanonicalTar {
+    pub(crate) fn new(w: Pipeline) -> Self {
         Self {
             builder: tar::Builder::new(w),
             buf: vec![0u8; CHUNK],
@@ -400,6 +104,11 @@ impl<W: Write> CanonicalTar<W> {
     /// Entries written so far.
     pub(crate) fn entries(&self) -> u64 {
         self.entries
+    }
+
+    /// The pipeline the bytes go to.
+    pub(crate) fn pipeline(&mut self) -> &mut Pipeline {
+        self.builder.get_mut()
     }
 
     fn append_header(
@@ -425,17 +134,26 @@ impl<W: Write> CanonicalTar<W> {
     }
 
     /// Appends a regular file whose content (exactly `size` bytes) comes
-    /// from `data`.
+    /// from `data`. `key` names a large file's packed pieces; `prepacked`
+    /// when they are already compressed.
     pub(crate) fn append_file<R: Read>(
         &mut self,
         path: &str,
         size: u64,
         exec: bool,
         mut data: R,
+        key: u64,
+        prepacked: bool,
     ) -> Result<(), AppendError> {
         let mode = if exec { 0o755 } else { 0o644 };
         self.append_header(path, tar::EntryType::Regular, mode, size)
             .map_err(AppendError::Write)?;
+        let big = is_big(size);
+        if big {
+            self.pipeline()
+                .begin_big(key, prepacked)
+                .map_err(AppendError::Write)?;
+        }
         let mut left = size;
         while left > 0 {
             let want = self
@@ -459,6 +177,9 @@ impl<W: Write> CanonicalTar<W> {
                 .map_err(AppendError::Write)?;
             left -= n as u64;
         }
+        if big {
+            self.pipeline().end_big().map_err(AppendError::Write)?;
+        }
         let pad = (512 - (size % 512)) % 512;
         if pad > 0 {
             let zeros = [0u8; 512];
@@ -470,8 +191,8 @@ impl<W: Write> CanonicalTar<W> {
         Ok(())
     }
 
-    /// Writes the end-of-archive marker and returns the writer.
-    pub(crate) fn finish(self) -> io::Result<W> {
+    /// Writes the end-of-archive marker and returns the pipeline.
+    pub(crate) fn finish(self) -> io::Result<Pipeline> {
         self.builder.into_inner()
     }
 }
