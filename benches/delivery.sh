@@ -130,9 +130,11 @@ make_tree() {
   mkdir -p "$dir/bin" "$dir/text" "$dir/logs"
   while [ $((i * 8)) -lt "$mib" ]; do
     head -c 4M /dev/urandom >"$dir/bin/part-$i.bin"
-    base64 -w 76 /dev/urandom | head -c 2M >"$dir/text/part-$i.txt"
-    seq -f "%g $seed INFO request served in 12 ms path=/v1/items/%g status=200" 1 100000 |
-      head -c 2M >"$dir/logs/part-$i.log"
+    # The producers stop on SIGPIPE once `head` has its bytes (pipefail).
+    { base64 -w 76 /dev/urandom || true; } | head -c 2M >"$dir/text/part-$i.txt"
+    { awk -v seed="$seed" 'BEGIN { for (n = 1; n <= 40000; n++)
+      printf "%d %s INFO request served in %d ms path=/v1/items/%d status=200\n", n, seed, n % 97, n * 7 }' ||
+      true; } | head -c 2M >"$dir/logs/part-$i.log"
     i=$((i + 1))
   done
   echo "$seed" >"$dir/id.txt"

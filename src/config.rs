@@ -190,8 +190,9 @@ pub struct ServeConfig {
     pub body_idle_timeout: std::time::Duration,
 
     /// Longest time a request may take until its answer starts, except
-    /// bundle uploads and downloads (they stream) and `?wait=ready`
-    /// long-polls (bounded on their own); then `503 deadline_exceeded`.
+    /// bundle uploads and downloads (they stream), deliveries (bounded per
+    /// sandbox by `--delivery-timeout`) and `?wait=ready` long-polls
+    /// (bounded on their own); then `503 deadline_exceeded`.
     #[arg(long, env = "CS_REQUEST_DEADLINE", default_value = "60s", value_parser = humantime::parse_duration)]
     pub request_deadline: std::time::Duration,
 

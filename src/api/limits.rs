@@ -37,6 +37,14 @@ const STREAMING_ROUTES: &[(Method, &str)] = &[
     ),
 ];
 
+/// Deliveries into sandboxes and their release: each sandbox is bounded by
+/// `--delivery-timeout` (minutes for a large bundle), not by the request
+/// deadline meant for calls that only touch the store.
+const DELIVERY_ROUTES: &[(Method, &str)] = &[
+    (Method::POST, "/v1/workloads/{id}/deliveries"),
+    (Method::DELETE, "/v1/workloads/{id}/deliveries/{run}"),
+];
+
 /// The pool read that long-polls with `?wait=ready` (capped by the pool
 /// service's own maximum wait).
 const LONG_POLL_ROUTE: &str = "/v1/sandbox-pools/{name}";
@@ -106,8 +114,8 @@ pub(super) async fn deadline(
     }
 }
 
-/// Whether `request` streams a bundle or long-polls (see
-/// [`STREAMING_ROUTES`], [`LONG_POLL_ROUTE`]).
+/// Whether `request` streams a bundle, delivers or long-polls (see
+/// [`STREAMING_ROUTES`], [`DELIVERY_ROUTES`], [`LONG_POLL_ROUTE`]).
 fn is_exempt(request: &Request) -> bool {
     let Some(route) = request.extensions().get::<MatchedPath>() else {
         return false;
@@ -116,6 +124,7 @@ fn is_exempt(request: &Request) -> bool {
     let method = request.method();
     if STREAMING_ROUTES
         .iter()
+        .chain(DELIVERY_ROUTES)
         .any(|(m, r)| m == method && *r == route)
     {
         return true;

@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use context_service::app::BuildOptions;
 use context_service::config::ServeConfig;
@@ -28,6 +29,8 @@ struct Probe {
     execs: AtomicUsize,
     corrupt: AtomicBool,
     replace: std::sync::Mutex<Option<String>>,
+    /// Holds every exec this long before it starts (a slow sandbox).
+    delay: std::sync::Mutex<Option<Duration>>,
 }
 
 struct Probed {
@@ -39,6 +42,10 @@ struct Probed {
 impl SandboxExec for Probed {
     async fn exec(&self, target: &ExecTarget, argv: &[String]) -> Result<ExecSession, ExecError> {
         self.probe.execs.fetch_add(1, Ordering::SeqCst);
+        let delay = *self.probe.delay.lock().unwrap();
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
         let replaced = self.probe.replace.lock().unwrap().clone();
         let argv = match replaced {
             Some(script) => vec!["sh".to_owned(), "-c".to_owned(), script],
@@ -950,4 +957,31 @@ async fn bundles_outside_the_cache_are_read_from_disk_or_streamed() {
             assert_eq!(std::fs::read(path.join("big.bin")).unwrap(), big);
         }
     }
+}
+
+#[tokio::test]
+async fn deliveries_are_bounded_by_the_delivery_timeout_not_the_request_deadline() {
+    let (server, probe) = probed_server(|c| {
+        c.request_deadline = Duration::from_millis(500);
+    })
+    .await;
+    let alice = Caller::user(&server, "alice");
+    ready_workload(&server, "alice", "docs", FILES).await;
+    pool(&alice, "p", 1).await;
+    // Every exec into the sandbox takes longer than the request deadline.
+    *probe.delay.lock().unwrap() = Some(Duration::from_millis(1200));
+
+    let body = json(
+        deliver(
+            &alice,
+            "docs",
+            json!({"runId": "slow", "sandbox": "sandbox-p-0"}),
+        )
+        .await,
+        201,
+    )
+    .await;
+    assert_eq!(body["deliveries"][0]["cached"], false);
+    let resp = alice.delete("/v1/workloads/docs/deliveries/slow").await;
+    assert_eq!(resp.status().as_u16(), 204);
 }
