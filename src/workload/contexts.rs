@@ -398,8 +398,12 @@ impl WorkloadService {
         self.activate(&key.owner_key(), &key.name, revision)
             .await
             .map_err(|e| match e {
-                WorkloadError::RevisionMismatch(_) => ContextError::RevisionMismatch,
-                WorkloadError::AlreadyActive(_) => ContextError::Frozen,
+                // Frozen at another revision: that revision is the current
+                // one (a frozen Context takes no uploads), so upstream's
+                // current-revision check refuses first.
+                WorkloadError::RevisionMismatch(_) | WorkloadError::AlreadyActive(_) => {
+                    ContextError::RevisionMismatch
+                }
                 WorkloadError::NotFound(_) => ContextError::NotFound,
                 other => ContextError::Workload(other),
             })?;
