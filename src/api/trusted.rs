@@ -85,10 +85,10 @@ fn trusted_subject(state: &AppState, headers: &HeaderMap) -> ApiResult<Owner> {
         })?;
     match &caller {
         ServiceCaller::Token => {
-            tracing::debug!(subject = %subject, "trusted call by service token")
+            tracing::debug!(subject = %subject, "trusted call by service token");
         }
         ServiceCaller::Jwt(sub) => {
-            tracing::debug!(subject = %subject, service = %sub, "trusted call by delegate token")
+            tracing::debug!(subject = %subject, service = %sub, "trusted call by delegate token");
         }
     }
     Ok(subject)
@@ -151,7 +151,7 @@ async fn capability(
 }
 
 /// Upstream's `freezeContextRequest`.
-static FREEZE_REQUEST: GoStruct = GoStruct {
+pub(super) static FREEZE_REQUEST: GoStruct = GoStruct {
     go_type: "api.freezeContextRequest",
     fields: &[GoField {
         json: "revision",

@@ -555,7 +555,8 @@ mod tests {
             storage_class: String::new(),
         };
         assert!(ok.validate().is_ok());
-        let cases: [(fn(&mut CreateContext), &str); 6] = [
+        type Case = (fn(&mut CreateContext), &'static str);
+        let cases: [Case; 6] = [
             (|r| r.name = "Bad".into(), "name must be"),
             (|r| r.namespace = "a.b".into(), "namespace must be"),
             (|r| r.kind = "notes".into(), "type must be workspace, state"),

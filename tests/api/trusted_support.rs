@@ -118,6 +118,6 @@ pub(crate) async fn remove(caller: &Caller, namespace: &str, name: &str) -> Resp
 }
 
 /// The value of header `name`, if any.
-pub(crate) fn header_of<'r>(resp: &'r Response, name: header::HeaderName) -> Option<&'r str> {
+pub(crate) fn header_of(resp: &Response, name: header::HeaderName) -> Option<&str> {
     resp.headers().get(name).and_then(|v| v.to_str().ok())
 }
