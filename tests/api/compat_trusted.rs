@@ -591,3 +591,26 @@ async fn delete_answers_204_then_404() {
     assert_eq!((got.status, got.body.as_str()), (204, ""));
     assert_json(remove(&alice, NS, NAME).await, 404, &missing).await;
 }
+
+#[tokio::test]
+async fn a_weak_service_token_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("service-token");
+    std::fs::write(&path, "short-token\n").unwrap();
+    let refused = TestServer::try_start_with(|c| c.service_token_file = Some(path.clone()))
+        .await
+        .err()
+        .expect("refused");
+    let message = format!("{refused:#}");
+    assert!(
+        message.contains("--service-token-file/CS_SERVICE_TOKEN_FILE")
+            && message.contains("the service token must be at least 32 bytes; it is 11"),
+        "{message}"
+    );
+    let missing = dir.path().join("absent");
+    assert!(
+        TestServer::try_start_with(|c| c.service_token_file = Some(missing))
+            .await
+            .is_err()
+    );
+}
