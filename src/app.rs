@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
-use crate::auth::{secret, Authenticator, KeySet, Owner, OwnerScope, TokenPolicy};
+use crate::auth::{secret, Authenticator, KeySet, Owner, OwnerScope, ServiceToken, TokenPolicy};
 use crate::bundle::Limits;
 use crate::config::{BackendKind, ServeConfig};
 use crate::delivery::{DeliveryDeps, DeliveryService, DeliverySettings, SandboxExec};
@@ -22,6 +22,8 @@ use crate::workload::{UploadLimits, WorkloadService, WorkloadSettings};
 pub struct AppState {
     /// Verifies bearer tokens.
     pub auth: Arc<Authenticator>,
+    /// The service token of the trusted routes, if configured.
+    pub service_token: Option<Arc<ServiceToken>>,
     /// Computes owner scopes (labels, sandbox folders).
     pub owner_scope: OwnerScope,
     /// Prometheus metrics of the process.
@@ -77,6 +79,7 @@ impl AppState {
             .with_context(|| format!("creating the data dir {}", config.data_dir.display()))?;
         make_data_dir_private(config);
         let auth = Arc::new(build_authenticator(config)?);
+        let service_token = load_service_token(config)?.map(Arc::new);
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
         let metrics = Metrics::new();
@@ -111,6 +114,7 @@ impl AppState {
         };
         Ok(Self {
             auth,
+            service_token,
             owner_scope,
             metrics,
             pools,
@@ -283,6 +287,22 @@ fn build_authenticator(config: &ServeConfig) -> anyhow::Result<Authenticator> {
         keys.set_hs256_secret(&secret).with_context(setting)?;
     }
     Ok(Authenticator::new(keys, policy))
+}
+
+/// Reads `--service-token-file`, if set; a refused token stops the start.
+fn load_service_token(config: &ServeConfig) -> anyhow::Result<Option<ServiceToken>> {
+    let Some(path) = &config.service_token_file else {
+        return Ok(None);
+    };
+    let setting = || {
+        format!(
+            "--service-token-file/CS_SERVICE_TOKEN_FILE {}",
+            path.display()
+        )
+    };
+    let contents = std::fs::read(path).with_context(setting)?;
+    let token = ServiceToken::from_file_contents(&contents).with_context(setting)?;
+    Ok(Some(token))
 }
 
 /// Opens the embedded store and runs start-up recovery.

@@ -59,6 +59,16 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_HS256_SECRET_FILE")]
     pub hs256_secret_file: Option<PathBuf>,
 
+    /// File holding the service token of the trusted ("Moca") routes
+    /// (`/internal/v1/...`, upload capabilities): a caller presenting it as
+    /// `Authorization: Bearer <token>` acts for the subject it names in
+    /// `X-Context-Subject`. The file's contents less one trailing newline;
+    /// at least 32 visible ASCII characters, else the service refuses to
+    /// start. Compared in constant time. Unset: only JWTs with scope
+    /// `delegate` reach the trusted routes.
+    #[arg(long, env = "CS_SERVICE_TOKEN_FILE")]
+    pub service_token_file: Option<PathBuf>,
+
     /// Required token issuer (`iss`).
     #[arg(long, env = "CS_TOKEN_ISSUER", default_value = "context-service")]
     pub token_issuer: String,

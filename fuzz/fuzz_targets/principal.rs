@@ -6,7 +6,8 @@
 //! audiences, lifetimes, scopes and delegation are reached too.
 //! Invariants: no panic; refusals are 400/401/403 with a message; an
 //! accepted principal has a non-empty subject, owns as a token subject
-//! unless a `delegate` token named `user:<id>`, and then owns as that user.
+//! unless a `delegate` token named `<kind>:<id>`, and then owns as that
+//! delegated subject (user, agent, workload or service).
 #![no_main]
 
 use std::sync::OnceLock;
@@ -154,9 +155,9 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
             assert!(!p.subject().is_empty());
             match (p.owner(), p.delegated_by()) {
                 (Owner::Subject(_), None) => assert!(named.is_none()),
-                (Owner::User(id), Some(by)) => {
+                (owner, Some(by)) if !matches!(owner, Owner::Subject(_)) => {
                     assert!(!by.is_empty());
-                    assert_eq!(named.as_deref(), Some(format!("user:{id}").as_str()));
+                    assert_eq!(named.as_deref().map(str::trim), Some(owner.key().as_str()));
                     assert!(p.has(Scope::Delegate));
                 }
                 (owner, by) => panic!("owner {owner:?} delegated by {by:?}"),

@@ -2,7 +2,8 @@
 //! targets (`fuzz/`): each is exactly what its handler runs.
 //!
 //! - pools and contexts: upstream's decoding rules ([`pool_create`],
-//!   [`context_create`]) over the body read so far;
+//!   [`context_create`], which the trusted create shares, and
+//!   [`context_freeze`]) over the body read so far;
 //! - workloads: [`parse_json`] into [`WorkloadCreateBody`] or
 //!   [`ActivateBody`].
 
@@ -25,4 +26,11 @@ pub fn pool_create(buf: &[u8], complete: bool) -> Result<CreatePoolRequest, Stri
 pub fn context_create(buf: &[u8], complete: bool) -> Result<CreateContextRequest, String> {
     json::decode_bytes(buf, complete, &super::contexts::CREATE_REQUEST)
         .map(|body| super::contexts::create_request(&body))
+}
+
+/// Decodes a trusted freeze body like upstream's `freezeContextRequest`
+/// into its `revision`; see [`pool_create`].
+pub fn context_freeze(buf: &[u8], complete: bool) -> Result<String, String> {
+    json::decode_bytes(buf, complete, &super::trusted::FREEZE_REQUEST)
+        .map(|body| body.string("revision"))
 }

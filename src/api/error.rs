@@ -22,6 +22,8 @@ pub struct ApiError {
     /// Answer with `Connection: close` (the request body was not read to
     /// its end, so the connection cannot carry another request).
     close: bool,
+    /// Answer with `WWW-Authenticate: Bearer`.
+    challenge: bool,
 }
 
 impl ApiError {
@@ -33,7 +35,14 @@ impl ApiError {
             message: message.into(),
             retry_after: None,
             close: false,
+            challenge: false,
         }
+    }
+
+    /// The same error, answered with `WWW-Authenticate: Bearer`.
+    pub fn with_bearer_challenge(mut self) -> Self {
+        self.challenge = true;
+        self
     }
 
     /// The same error, answered with `Retry-After: <secs>`.
@@ -190,12 +199,45 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from_static("close"),
             );
         }
+        if self.challenge {
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
         resp
     }
 }
 
 /// Result type of handlers.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+// ---------------------------------------------------------------------------
+// Trusted Context domain → API: upstream's `writeContextError` codes.
+// ---------------------------------------------------------------------------
+
+impl From<crate::workload::contexts::ContextError> for ApiError {
+    fn from(err: crate::workload::contexts::ContextError) -> Self {
+        use crate::workload::contexts::ContextError as C;
+        let msg = err.to_string();
+        match err {
+            C::Invalid(_) => Self::invalid_request(msg),
+            C::NotFound => Self::not_found(msg),
+            C::AlreadyExists => Self::already_exists(msg),
+            C::Frozen => Self::new(StatusCode::CONFLICT, "context_frozen", msg),
+            C::UploadInProgress => Self::new(StatusCode::CONFLICT, "upload_in_progress", msg),
+            C::RevisionMismatch => Self::new(StatusCode::CONFLICT, "revision_mismatch", msg),
+            C::CapabilityInvalid => Self::new(StatusCode::UNAUTHORIZED, "unauthorized", msg),
+            C::UploadTooLarge(_) => {
+                Self::new(StatusCode::PAYLOAD_TOO_LARGE, "upload_too_large", msg)
+            }
+            C::QuotaExceeded(_) => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, "context_quota_exceeded", msg)
+            }
+            C::Workload(w) => w.into(),
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------
 // Pool domain → API: the one place a `PoolError` becomes a status, an error

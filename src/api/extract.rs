@@ -13,7 +13,8 @@ use serde::de::DeserializeOwned;
 use super::error::ApiError;
 use crate::auth::{AuthError, Authenticator, Principal};
 
-/// Header a trusted service uses to act for a user: `user:<id>`.
+/// Header a trusted service uses to act for a subject: `<kind>:<id>`, kind
+/// `user`, `agent`, `workload` or `service`.
 pub const SUBJECT_HEADER: &str = "x-context-subject";
 
 /// Upstream clients' token header (`contextctl`, the Go client library):

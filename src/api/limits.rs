@@ -35,6 +35,11 @@ const STREAMING_ROUTES: &[(Method, &str)] = &[
         Method::GET,
         "/v1/workloads/{id}/revisions/{revision}/bundle",
     ),
+    // The trusted export (`api::trusted`).
+    (
+        Method::GET,
+        "/internal/v1/namespaces/{namespace}/contexts/{name}/revisions/{revision}/bundle",
+    ),
 ];
 
 /// Deliveries into sandboxes and their release: each sandbox is bounded by

@@ -13,6 +13,7 @@ mod limits;
 pub mod mux;
 mod pools;
 mod rejection;
+mod trusted;
 mod workloads;
 
 pub use error::{ApiError, ApiResult};
@@ -37,6 +38,7 @@ pub fn router(state: AppState, limits: RequestLimits, with_metrics: bool) -> Rou
         .merge(pools::router())
         .merge(contexts::router())
         .merge(workloads::router())
+        .merge(trusted::router())
         .merge(deliveries::router());
     if with_metrics {
         routes = routes.route("/metrics", get(metrics::render));

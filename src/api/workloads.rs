@@ -1,5 +1,6 @@
 //! `/v1/workloads` and `/v1/uploads`: create, upload, activate, read, list,
-//! download and delete owner-scoped workloads. Handlers only extract,
+//! download and delete owner-scoped workloads. `/v1/uploads` also serves
+//! trusted upload capabilities (`super::trusted`). Handlers only extract,
 //! authorise, call the [`WorkloadService`] and map its answer.
 
 use axum::body::Body;
@@ -132,6 +133,11 @@ async fn upload_by_grant(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    // Trusted upload capabilities share the route; their ids have their
+    // own shape.
+    if super::trusted::is_capability_id(&grant) {
+        return super::trusted::upload(&svc, &grant, &headers, body).await;
+    }
     let token = bearer_token(&headers, "upload token")?;
     let ticket = svc.grant_upload(&grant, token).await?;
     upload(&svc, ticket, &headers, body).await

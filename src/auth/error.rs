@@ -21,8 +21,8 @@ pub enum AuthError {
     /// A delegated subject was named by a token without scope `delegate`.
     #[error("X-Context-Subject needs a token with the scope \"delegate\"")]
     DelegateMissing,
-    /// The delegated subject is not `user:<id>`.
-    #[error("X-Context-Subject must be \"user:<id>\" with a non-empty id of visible characters")]
+    /// The delegated subject is not `<kind>:<name>` of a delegated kind.
+    #[error("X-Context-Subject must be \"<kind>:<id>\" (kind user, agent, workload or service, e.g. \"user:<id>\") with a non-empty id of visible characters")]
     SubjectInvalid,
 }
 

@@ -1,5 +1,6 @@
 //! Authentication and authorisation: bearer JWT verification, scopes, the
-//! owner identity, delegation by trusted services, and the owner-scope HMAC.
+//! owner identity, delegation by trusted services, the service token of the
+//! trusted routes, and the owner-scope HMAC.
 //!
 //! The algorithm of a token is always fixed by the key that verifies it
 //! (selected by `kid`), never by the token's header.
@@ -10,11 +11,13 @@ mod keys;
 mod owner;
 mod principal;
 pub mod secret;
+mod service;
 
 pub use error::AuthError;
 pub use keys::{KeyError, KeySet, VerifyingKey, MIN_RSA_BITS};
-pub use owner::{Owner, OwnerScope};
+pub use owner::{Owner, OwnerScope, MAX_SUBJECT_NAME};
 pub use principal::{Principal, Scope};
+pub use service::{ServiceCaller, ServiceToken, ServiceTokenError, MIN_SERVICE_TOKEN_BYTES};
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -118,27 +118,20 @@ impl Principal {
         }
     }
 
-    /// Switches to the user named by `X-Context-Subject` (`user:<id>`),
-    /// which only a token with scope `delegate` may do. The token's other
-    /// scopes then apply to that user, who is always an [`Owner::User`]:
-    /// never a token subject of the same name.
+    /// Switches to the subject named by `X-Context-Subject`
+    /// (`<kind>:<name>`, see [`Owner::delegated`]), which only a token with
+    /// scope `delegate` may do. The token's other scopes then apply to that
+    /// subject, which is never a token subject of the same name.
     pub fn delegate(self, header_value: &str) -> Result<Principal, AuthError> {
         if !self.has(Scope::Delegate) {
             return Err(AuthError::DelegateMissing);
         }
-        let user = header_value
-            .strip_prefix("user:")
-            .filter(|id| valid_subject_id(id))
-            .ok_or(AuthError::SubjectInvalid)?;
+        let owner = Owner::delegated(header_value).ok_or(AuthError::SubjectInvalid)?;
         let delegated_by = self.owner.id().to_owned();
         Ok(Principal {
-            owner: Owner::User(user.to_owned()),
+            owner,
             scopes: self.scopes,
             delegated_by: Some(delegated_by),
         })
     }
-}
-
-fn valid_subject_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 256 && id.bytes().all(|b| b.is_ascii_graphic())
 }

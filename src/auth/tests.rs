@@ -307,7 +307,22 @@ fn delegation_needs_the_delegate_scope() {
     assert_eq!(err, AuthError::DelegateMissing);
     assert!(err.to_string().contains("delegate"));
 
-    for bad in ["alice", "user:", "group:x", "user:a b"] {
+    // Upstream's other kinds are owners of their own kind.
+    let agent = f
+        .auth
+        .authenticate(&mint("delegate"), Some("agent:alice"))
+        .unwrap();
+    assert_eq!(agent.owner(), &Owner::Agent("alice".into()));
+    assert_ne!(agent.owner().key(), p.owner().key());
+
+    for bad in [
+        "alice",
+        "user:",
+        "group:x",
+        "user:a b",
+        "user:anonymous",
+        "service:context-service-admin",
+    ] {
         let err = f
             .auth
             .authenticate(&mint("delegate"), Some(bad))

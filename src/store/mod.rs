@@ -214,6 +214,10 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     /// The grant with public id `id`.
     fn grant(&self, id: &str) -> Result<Option<GrantRecord>, StoreError>;
 
+    /// Removes the grant `id` (it can never be used again); whether it
+    /// was there.
+    fn remove_grant(&self, id: &str) -> Result<bool, StoreError>;
+
     /// Removes grants that expired before `now_ms`; returns how many.
     fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError>;
 

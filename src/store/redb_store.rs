@@ -239,6 +239,17 @@ impl MetadataStore for RedbStore {
         txn.commit().map_err(db_err)
     }
 
+    fn remove_grant(&self, id: &str) -> Result<bool, StoreError> {
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let removed = {
+            let mut grants = txn.open_table(GRANTS).map_err(db_err)?;
+            let removed = grants.remove(id).map_err(db_err)?.is_some();
+            removed
+        };
+        txn.commit().map_err(db_err)?;
+        Ok(removed)
+    }
+
     fn grant(&self, id: &str) -> Result<Option<GrantRecord>, StoreError> {
         let txn = self.db.begin_read().map_err(db_err)?;
         let table = txn.open_table(GRANTS).map_err(db_err)?;

@@ -1,5 +1,6 @@
 //! Admission of uploads: how many run at once in the whole service and per
-//! owner, and one upload at a time per grant.
+//! owner, and one upload at a time per grant; and which workloads have an
+//! upload running (a trusted freeze refuses those).
 //!
 //! An upload holds one thread of tokio's blocking pool while it reads its
 //! body (and a sink thread while it compresses). Admission caps both, so
@@ -53,6 +54,8 @@ pub(super) struct UploadGate {
 struct Running {
     per_owner: HashMap<String, u32>,
     grants: HashSet<String>,
+    /// Running uploads per workload incarnation (uid).
+    workloads: HashMap<String, u32>,
 }
 
 /// An admitted upload. Dropping it (when the upload's thread is done, not
@@ -61,6 +64,7 @@ struct Running {
 pub(super) struct UploadPermit {
     gate: Arc<UploadGate>,
     owner: String,
+    uid: String,
     grant: Option<String>,
     _global: OwnedSemaphorePermit,
 }
@@ -114,6 +118,7 @@ impl UploadGate {
             ))
         })?;
         *running.per_owner.entry(ticket.owner.clone()).or_default() += 1;
+        *running.workloads.entry(ticket.uid.clone()).or_default() += 1;
         if let Some(grant) = &ticket.grant_id {
             running.grants.insert(grant.clone());
         }
@@ -121,15 +126,29 @@ impl UploadGate {
         Ok(UploadPermit {
             gate: self.clone(),
             owner: ticket.owner.clone(),
+            uid: ticket.uid.clone(),
             grant: ticket.grant_id.clone(),
             _global: global,
         })
     }
 }
 
+impl UploadGate {
+    /// Whether an upload to the workload incarnation `uid` is running.
+    pub(super) fn is_uploading(&self, uid: &str) -> bool {
+        self.running().workloads.contains_key(uid)
+    }
+}
+
 impl Drop for UploadPermit {
     fn drop(&mut self) {
         let mut running = self.gate.running();
+        if let Some(n) = running.workloads.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                running.workloads.remove(&self.uid);
+            }
+        }
         if let Some(n) = running.per_owner.get_mut(&self.owner) {
             *n -= 1;
             if *n == 0 {
@@ -167,6 +186,8 @@ mod tests {
             gauge.clone(),
         ));
         let a1 = gate.admit(&ticket("a", Some("g1"))).unwrap();
+        assert!(gate.is_uploading("u"));
+        assert!(!gate.is_uploading("other"));
         let err = gate.admit(&ticket("a", Some("g1"))).unwrap_err();
         assert!(matches!(err, WorkloadError::UploadInProgress), "{err}");
         let a2 = gate.admit(&ticket("a", None)).unwrap();
@@ -182,6 +203,7 @@ mod tests {
         drop((again, a2, b1));
         assert!(gate.running().per_owner.is_empty());
         assert!(gate.running().grants.is_empty());
+        assert!(!gate.is_uploading("u"));
         assert_eq!(gauge.get(), 0);
     }
 }

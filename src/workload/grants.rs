@@ -102,7 +102,15 @@ impl Inner {
     /// A fresh grant for `record`: the stored record (secret hashed) and
     /// the view that shows the secret once.
     pub(super) fn new_grant(&self, record: &WorkloadRecord) -> (GrantRecord, UploadGrantView) {
-        let id = hex::encode(random_bytes::<16>());
+        self.new_grant_with_id(record, hex::encode(random_bytes::<16>()))
+    }
+
+    /// [`Inner::new_grant`] with the public id `id`.
+    pub(super) fn new_grant_with_id(
+        &self,
+        record: &WorkloadRecord,
+        id: String,
+    ) -> (GrantRecord, UploadGrantView) {
         let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes::<32>());
         let expires_at_ms = now_ms() + self.settings.grant_ttl.as_millis() as u64;
         let grant = GrantRecord {

@@ -11,11 +11,13 @@
 //! same bytes is never collected between its rename and its commit.
 //!
 //! One concern per file: [`service`] holds the type and its CRUD, `grants`
-//! who may upload, `admission` how many uploads run at once, `upload` the
+//! who may upload, [`contexts`] the trusted (Moca) Contexts mapped onto
+//! workloads, `admission` how many uploads run at once, `upload` the
 //! upload path, `recovery` blob collection and
 //! start-up recovery.
 
 mod admission;
+pub mod contexts;
 mod error;
 mod grants;
 mod metrics;

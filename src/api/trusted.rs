@@ -1,0 +1,270 @@
+//! The trusted ("Moca") API of upstream's later version: a platform service
+//! acts for the subject named in `X-Context-Subject: <kind>:<name>`.
+//!
+//! - `POST /internal/v1/contexts`: create a Context;
+//! - `POST /v1/namespaces/{ns}/contexts/{name}/upload-capabilities`: a
+//!   one-time upload capability;
+//! - `PUT /v1/uploads/{id}`: the client's upload with that capability (the
+//!   route is shared with workload grants, see [`is_capability_id`]);
+//! - `POST /internal/v1/namespaces/{ns}/contexts/{name}/freeze`;
+//! - `GET /internal/v1/namespaces/{ns}/contexts/{name}/revisions/{rev}/bundle`;
+//! - `DELETE /internal/v1/namespaces/{ns}/contexts/{name}` (`?force=true`).
+//!
+//! Every route but the upload authenticates the service first (`401
+//! unauthorized` with `WWW-Authenticate: Bearer`), then the subject (`400
+//! invalid_subject`). Successful answers say `Cache-Control: no-store`.
+//! The domain side is [`crate::workload::contexts`].
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use futures::TryStreamExt;
+
+use super::error::{ApiError, ApiResult};
+use super::extract::{api_token, bearer_token, SUBJECT_HEADER};
+use super::json::{self, path_param, GoField, GoKind, GoStruct};
+use crate::app::AppState;
+use crate::auth::{Owner, ServiceCaller};
+use crate::workload::contexts::{ContextError, ContextKey, CreateContext};
+use crate::workload::{WorkloadService, BUNDLE_MEDIA_TYPE};
+
+pub(super) use crate::workload::contexts::is_capability_id;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/internal/v1/contexts", post(create))
+        .route(
+            "/v1/namespaces/{namespace}/contexts/{name}/upload-capabilities",
+            post(capability),
+        )
+        .route(
+            "/internal/v1/namespaces/{namespace}/contexts/{name}/freeze",
+            post(freeze),
+        )
+        .route(
+            "/internal/v1/namespaces/{namespace}/contexts/{name}/revisions/{revision}/bundle",
+            get(export),
+        )
+        .route(
+            "/internal/v1/namespaces/{namespace}/contexts/{name}",
+            delete(remove),
+        )
+}
+
+/// `401 unauthorized`: the caller is not a platform service.
+fn unauthorized() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "valid control-plane bearer token required",
+    )
+    .with_bearer_challenge()
+}
+
+/// Authenticates the platform service, then the subject it acts for.
+fn trusted_subject(state: &AppState, headers: &HeaderMap) -> ApiResult<Owner> {
+    let bearer = api_token(headers).map_err(|_| unauthorized())?;
+    let caller = state
+        .auth
+        .authenticate_service(state.service_token.as_deref(), bearer)
+        .map_err(|_| unauthorized())?;
+    let subject = headers
+        .get(SUBJECT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(Owner::delegated)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_subject",
+                "X-Context-Subject must contain a valid delegated kind:name",
+            )
+        })?;
+    match &caller {
+        ServiceCaller::Token => {
+            tracing::debug!(subject = %subject, "trusted call by service token");
+        }
+        ServiceCaller::Jwt(sub) => {
+            tracing::debug!(subject = %subject, service = %sub, "trusted call by delegate token");
+        }
+    }
+    Ok(subject)
+}
+
+/// `resp` with `Cache-Control: no-store`.
+fn no_store(mut resp: Response) -> Response {
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// The Context named by the path, for `subject`.
+fn context_key(
+    subject: Owner,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> ApiResult<ContextKey> {
+    let (namespace, name) = path_param(path)?;
+    Ok(ContextKey {
+        namespace,
+        name,
+        subject,
+    })
+}
+
+async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let subject = trusted_subject(&state, &headers)?;
+    let (body, overflow) = json::decode_body(body, &super::contexts::CREATE_REQUEST).await?;
+    let req = super::contexts::create_request(&body);
+    let req = CreateContext {
+        name: req.name,
+        namespace: req.namespace,
+        kind: req.context_type,
+        backend: req.storage.backend,
+        size: req.storage.size,
+        access_mode: req.storage.access_mode,
+        storage_class: req.storage.storage_class,
+    };
+    let view = state
+        .workloads
+        .create_context(&subject, &req)
+        .await
+        .map_err(|e| overflow.error(e.into()))?;
+    let resp = json::respond(StatusCode::CREATED, &view);
+    Ok(overflow.response(no_store(resp)))
+}
+
+async fn capability(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> ApiResult<Response> {
+    let key = context_key(trusted_subject(&state, &headers)?, path)?;
+    let view = state.workloads.context_capability(&key).await?;
+    Ok(no_store(json::respond(StatusCode::CREATED, &view)))
+}
+
+/// Upstream's `freezeContextRequest`.
+pub(super) static FREEZE_REQUEST: GoStruct = GoStruct {
+    go_type: "api.freezeContextRequest",
+    fields: &[GoField {
+        json: "revision",
+        kind: GoKind::String,
+    }],
+};
+
+async fn freeze(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String)>, PathRejection>,
+    body: Body,
+) -> ApiResult<Response> {
+    let subject = trusted_subject(&state, &headers)?;
+    let (body, overflow) = json::decode_body(body, &FREEZE_REQUEST).await?;
+    let key = context_key(subject, path).map_err(|e| overflow.error(e))?;
+    let view = state
+        .workloads
+        .freeze_context(&key, &body.string("revision"))
+        .await
+        .map_err(|e| overflow.error(e.into()))?;
+    Ok(overflow.response(no_store(json::respond(StatusCode::OK, &view))))
+}
+
+async fn export(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String, String)>, PathRejection>,
+) -> ApiResult<Response> {
+    let subject = trusted_subject(&state, &headers)?;
+    let (namespace, name, revision) = path_param(path)?;
+    let key = ContextKey {
+        namespace,
+        name,
+        subject,
+    };
+    let svc = &state.workloads;
+    let rev = svc.locate_context(&key, &revision).await?;
+    let bundle = svc.open_context_bundle(&key, &rev).await?;
+    let stream = bundle
+        .stream(0, rev.bytes)
+        .await
+        .map_err(|e| ApiError::internal(format!("streaming bundle {}: {e}", rev.bundle_digest)))?;
+    let disposition = format!("attachment; filename=\"context-{}.context\"", rev.revision);
+    let mut out = HeaderMap::new();
+    out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    out.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(BUNDLE_MEDIA_TYPE),
+    );
+    out.insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_str(&disposition).map_err(ApiError::internal)?,
+    );
+    out.insert(header::CONTENT_LENGTH, HeaderValue::from(rev.bytes));
+    // A read error mid-stream ends the body early: hyper then aborts the
+    // connection, so a truncated bundle never looks like a clean 200.
+    Ok((StatusCode::OK, out, Body::from_stream(stream)).into_response())
+}
+
+async fn remove(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String)>, PathRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> ApiResult<StatusCode> {
+    let key = context_key(trusted_subject(&state, &headers)?, path)?;
+    // Go's `Query().Get("force") == "true"`: the first value counts, and a
+    // query that does not parse forces nothing.
+    let force = query.is_ok_and(|Query(pairs)| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == "force")
+            .map(|(_, v)| v.as_str())
+            == Some("true")
+    });
+    state.workloads.delete_context(&key, force).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT /v1/uploads/{id}` with a trusted upload capability, in upstream's
+/// order: media type (`415`), declared size (`413`), capability (`401`),
+/// then the body.
+pub(super) async fn upload(
+    svc: &WorkloadService,
+    id: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let media = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim);
+    if media != Some(BUNDLE_MEDIA_TYPE) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("content type must be {BUNDLE_MEDIA_TYPE}"),
+        ));
+    }
+    let max = svc.settings().limits.compressed_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(ContextError::UploadTooLarge(max).into());
+    }
+    let token = bearer_token(headers, "upload token")
+        .map_err(|_| ApiError::from(ContextError::CapabilityInvalid))?;
+    let ticket = svc.context_upload_ticket(id, token).await?;
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
+    let view = svc.context_upload(ticket, Box::pin(stream)).await?;
+    Ok(no_store(json::respond(StatusCode::CREATED, &view)))
+}
