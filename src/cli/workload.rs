@@ -7,13 +7,17 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{print_json, ConnectionArgs, OutputFormat};
+use super::{print_doc, ConnectionArgs, OutputFormat};
 use crate::bundle::{self, CanonicalOptions, Limits};
 use crate::client::Client;
 use crate::workload::WorkloadView;
 
 /// `contextctl workload ...`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  contextctl workload create docs && contextctl workload upload docs ./src
+  contextctl workload activate docs && contextctl workload get docs")]
 pub struct WorkloadArgs {
     #[command(subcommand)]
     command: WorkloadCommand,
@@ -22,6 +26,10 @@ pub struct WorkloadArgs {
 #[derive(Debug, clap::Subcommand)]
 enum WorkloadCommand {
     /// Create a workload (prints its name; `--output json` also shows the upload grant).
+    #[command(after_help = "\
+Examples:
+  contextctl workload create docs
+  contextctl workload create --type knowledge -o json   # generated name, upload grant")]
     Create {
         /// Name: lowercase letters, digits and '-', at most 50 [default: wl-<8 hex>].
         name: Option<String>,
@@ -30,6 +38,10 @@ enum WorkloadCommand {
         kind: Option<String>,
     },
     /// Upload a directory (packed here) or a bundle file; prints the revision.
+    #[command(after_help = "\
+Examples:
+  contextctl workload upload docs ./src
+  contextctl workload upload docs workload.tar.gz -o json")]
     Upload {
         /// The workload.
         name: String,
@@ -37,6 +49,9 @@ enum WorkloadCommand {
         path: PathBuf,
     },
     /// Freeze a revision [default: the last uploaded one].
+    #[command(after_help = "\
+Examples:
+  contextctl workload activate docs")]
     Activate {
         /// The workload.
         name: String,
@@ -44,14 +59,28 @@ enum WorkloadCommand {
         revision: Option<String>,
     },
     /// Show a workload.
+    #[command(after_help = "\
+Examples:
+  contextctl workload get docs
+  contextctl workload get docs -o yaml")]
     Get {
         /// The workload.
         name: String,
     },
     /// List your workloads.
-    #[command(alias = "list")]
+    #[command(
+        alias = "list",
+        after_help = "\
+Examples:
+  contextctl workload ls
+  contextctl workload ls -o wide      # full revisions, digests, file counts
+  contextctl workload ls -o name      # workload/docs, one a line"
+    )]
     Ls,
     /// Download the frozen revision, verifying its digests while writing.
+    #[command(after_help = "\
+Examples:
+  contextctl workload download docs -f docs.tar.gz")]
     Download {
         /// The workload.
         name: String,
@@ -63,7 +92,12 @@ enum WorkloadCommand {
         file: Option<PathBuf>,
     },
     /// Delete a workload and its bundles.
-    #[command(alias = "delete")]
+    #[command(
+        alias = "delete",
+        after_help = "\
+Examples:
+  contextctl workload rm docs"
+    )]
     Rm {
         /// The workload.
         name: String,
@@ -76,6 +110,13 @@ pub async fn run(
     conn: &ConnectionArgs,
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
+    if output == OutputFormat::Name {
+        match &args.command {
+            WorkloadCommand::Upload { .. } => return Err(output.unsupported("workload upload")),
+            WorkloadCommand::Download { .. } => return Err(output.unsupported("workload download")),
+            _ => {}
+        }
+    }
     let client = conn.settings().client()?;
     match args.command {
         WorkloadCommand::Create { name, kind } => {
@@ -83,8 +124,9 @@ pub async fn run(
                 .create_workload(name.as_deref(), kind.as_deref())
                 .await?;
             match output {
-                OutputFormat::Json => print_json(&view)?,
-                OutputFormat::Text => println!("{}", view.name),
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
+                OutputFormat::Name => println!("workload/{}", view.name),
+                OutputFormat::Text | OutputFormat::Wide => println!("{}", view.name),
             }
         }
         WorkloadCommand::Upload { name, path } => upload(&client, &name, &path, output).await?,
@@ -101,22 +143,28 @@ pub async fn run(
             };
             let view = client.activate_workload(&name, &revision).await?;
             match output {
-                OutputFormat::Json => print_json(&view)?,
-                OutputFormat::Text => println!("{} {} {}", view.name, view.status, revision),
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
+                OutputFormat::Name => println!("workload/{}", view.name),
+                OutputFormat::Text | OutputFormat::Wide => {
+                    println!("{} {} {}", view.name, view.status, revision)
+                }
             }
         }
         WorkloadCommand::Get { name } => {
             let view = client.workload(&name).await?;
             match output {
-                OutputFormat::Json => print_json(&view)?,
-                OutputFormat::Text => print_view(&view),
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
+                OutputFormat::Name => println!("workload/{}", view.name),
+                OutputFormat::Text | OutputFormat::Wide => print_view(&view),
             }
         }
         WorkloadCommand::Ls => {
             let list = client.workloads().await?;
             match output {
-                OutputFormat::Json => print_json(&list)?,
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&list, output)?,
+                OutputFormat::Name => list.iter().for_each(|v| println!("workload/{}", v.name)),
                 OutputFormat::Text => print_table(&list),
+                OutputFormat::Wide => print_wide_table(&list),
             }
         }
         WorkloadCommand::Download {
@@ -148,8 +196,9 @@ pub async fn run(
             bar.finish_and_clear();
             let report = report?;
             match output {
-                OutputFormat::Json => print_json(&report)?,
-                OutputFormat::Text => println!(
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&report, output)?,
+                // Refused before the download started.
+                OutputFormat::Text | OutputFormat::Wide | OutputFormat::Name => println!(
                     "{} ({} bytes, sha256:{} verified)",
                     report.path.display(),
                     report.bytes,
@@ -160,10 +209,11 @@ pub async fn run(
         WorkloadCommand::Rm { name } => {
             client.delete_workload(&name).await?;
             match output {
-                OutputFormat::Json => {
-                    print_json(&serde_json::json!({"name": name, "deleted": true}))?
+                OutputFormat::Json | OutputFormat::Yaml => {
+                    print_doc(&serde_json::json!({"name": name, "deleted": true}), output)?
                 }
-                OutputFormat::Text => println!("deleted {name}"),
+                OutputFormat::Name => println!("workload/{name}"),
+                OutputFormat::Text | OutputFormat::Wide => println!("deleted {name}"),
             }
         }
     }
@@ -173,7 +223,7 @@ pub async fn run(
 /// A byte progress bar on stderr, hidden unless stderr is a terminal and
 /// the output is text.
 fn progress_bar(output: OutputFormat, len: Option<u64>) -> ProgressBar {
-    if output == OutputFormat::Json || !std::io::stderr().is_terminal() {
+    if output.is_document() || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(len.unwrap_or(0));
@@ -232,9 +282,11 @@ async fn upload(
         .await;
     bar.finish_and_clear();
     let rev = result?;
-    match output {
-        OutputFormat::Json => print_json(&rev)?,
-        OutputFormat::Text => println!("{}", rev.revision),
+    if output.is_document() {
+        print_doc(&rev, output)?;
+    } else {
+        // `name` was refused before the upload started.
+        println!("{}", rev.revision);
     }
     Ok(())
 }
@@ -283,6 +335,29 @@ fn print_table(list: &[WorkloadView]) {
         println!(
             "{:<30} {:<10} {:<16} {:<14} {:>12}",
             v.name, v.kind, v.status, rev, bytes
+        );
+    }
+}
+
+/// `ls -o wide`: whole revisions and digests, file counts and update times.
+fn print_wide_table(list: &[WorkloadView]) {
+    println!(
+        "{:<30} {:<10} {:<16} {:<64} {:<71} {:>8} {:>12} UPDATED",
+        "NAME", "TYPE", "STATUS", "REVISION", "BUNDLE DIGEST", "FILES", "BYTES"
+    );
+    let dash = |o: Option<String>| o.unwrap_or_else(|| "-".into());
+    for v in list {
+        let rev = v.revision.clone().or_else(|| v.candidate_revision.clone());
+        println!(
+            "{:<30} {:<10} {:<16} {:<64} {:<71} {:>8} {:>12} {}",
+            v.name,
+            v.kind,
+            v.status,
+            dash(rev),
+            dash(v.bundle_digest.clone()),
+            dash(v.files.map(|f| f.to_string())),
+            dash(v.bytes.map(|b| b.to_string())),
+            v.updated_at
         );
     }
 }
