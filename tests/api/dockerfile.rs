@@ -136,10 +136,7 @@ fn runtime_is_distroless_nonroot_with_oci_labels() {
         "{:?}",
         runtime[0]
     );
-    let user = runtime
-        .iter()
-        .rfind(|i| i.keyword == "USER")
-        .expect("USER");
+    let user = runtime.iter().rfind(|i| i.keyword == "USER").expect("USER");
     let uid = user.args.split(':').next().unwrap_or_default();
     assert!(
         uid.parse::<u32>().is_ok_and(|u| u != 0),
