@@ -18,6 +18,7 @@ mod contextctl_conventions;
 mod contextctl_pools;
 mod contextctl_workload;
 mod contexts;
+mod deploy_files;
 mod dockerfile;
 mod pools;
 mod readme_examples;
