@@ -12,6 +12,7 @@ use crate::bundle::Limits;
 use crate::config::{BackendKind, ServeConfig};
 use crate::fsutil;
 use crate::metrics::Metrics;
+use crate::pool::metrics::{self as pool_metrics, PoolMetrics};
 use crate::pool::PoolService;
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
 use crate::workload::{WorkloadService, WorkloadSettings};
@@ -65,6 +66,9 @@ impl AppState {
         let pools = Arc::new(PoolService::new(backend));
         let workloads = build_workloads(config).await?;
         metrics.with_registry(|r| workloads.metrics().register(r));
+        let pool_metrics = PoolMetrics::default();
+        metrics.with_registry(|r| pool_metrics.register(r));
+        pool_metrics::spawn_sampler(&pools, pool_metrics, pool_metrics::SAMPLE_EVERY);
         Ok(Self {
             auth,
             owner_scope,

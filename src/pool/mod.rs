@@ -7,9 +7,11 @@
 //! - [`port`]: [`SandboxBackend`] and [`BackendError`], implemented by
 //!   `crate::sandbox`;
 //! - [`service`]: [`PoolService`]; [`error`]: its [`PoolError`];
+//! - [`metrics`]: pools by phase and stuck provisioning, sampled;
 //! - [`view`]: the JSON shapes on the wire.
 
 pub mod error;
+pub mod metrics;
 pub mod model;
 pub mod names;
 pub mod port;

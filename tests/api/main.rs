@@ -20,6 +20,7 @@ mod contextctl_workload;
 mod contexts;
 mod deploy_files;
 mod dockerfile;
+mod monitoring;
 mod pools;
 mod readme_examples;
 mod service;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The deploy manifests, proven against a real API server: renders
-# deploy/base and deploy/overlays/kwok with
+# deploy/base, deploy/overlays/kwok and deploy/monitoring with
 # `kubectl kustomize`, checks what each contains, and applies base and overlay
 # to the test control plane with `--dry-run=server` (schemas, defaulting,
 # admission and RBAC escalation checks of the real API server; nothing is
@@ -47,7 +47,7 @@ check() {
 	passed=$((passed + 1))
 }
 
-for dir in base overlays/kwok; do
+for dir in base overlays/kwok monitoring; do
 	out="$work/${dir//\//-}.yaml"
 	"$kubectl" kustomize "deploy/$dir" >"$out" || fail "kubectl kustomize deploy/$dir"
 	check "kubectl kustomize deploy/$dir ($(grep -c '^kind: ' "$out") objects)"
@@ -55,6 +55,7 @@ done
 app="ClusterRole ClusterRoleBinding ConfigMap Namespace NetworkPolicy Role RoleBinding Secret Service ServiceAccount StatefulSet "
 expect_kinds base "$app"
 expect_kinds overlays-kwok "$app"
+expect_kinds monitoring "ConfigMap PrometheusRule ServiceMonitor "
 
 grep -q 'storage: 1Gi' "$work/overlays-kwok.yaml" || fail "the kwok overlay's volume patch did not apply"
 check "rendered kinds"
