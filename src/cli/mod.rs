@@ -44,7 +44,7 @@ impl OutputFormat {
     }
 }
 
-/// A usage error found after parsing (flags that do not fit together):
+/// A usage error found after parsing (an `--output` a command cannot print):
 /// exit code [`EXIT_USAGE`], like clap's own.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
