@@ -155,14 +155,14 @@ fn bench(c: &mut Criterion) {
         let mut group = c.benchmark_group(input.name);
         group.throughput(Throughput::Bytes(input.inflated));
         group.bench_function(BenchmarkId::from_parameter("inspect"), |b| {
-            b.iter(|| bundle::inspect(&input.gz[..], &limits).unwrap())
+            b.iter(|| bundle::inspect(&input.gz[..], &limits).unwrap());
         });
         group.bench_function(BenchmarkId::from_parameter("canonicalize"), |b| {
             b.iter(|| {
                 out.set_len(0).unwrap();
                 out.rewind().unwrap();
                 bundle::canonicalize(&input.gz[..], &limits, &opts, &mut out).unwrap()
-            })
+            });
         });
         group.finish();
     }

@@ -134,6 +134,8 @@ async fn main() {
     let listen: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     let mut config = ServeConfig::with_defaults(dir.path().to_owned(), listen);
     config.local_warm_pools = vec!["agents".into()];
+    // One owner creates every pool here: measure throughput, not quotas.
+    config.pool_replica_quota = 0;
     let server = Server::bind(&config).await.expect("server starts");
     let addr = server.local_addr().expect("addr");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

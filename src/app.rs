@@ -7,15 +7,16 @@ use anyhow::Context as _;
 use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
-use crate::auth::{Authenticator, KeySet, OwnerScope, TokenPolicy};
+use crate::auth::{secret, Authenticator, KeySet, Owner, OwnerScope, TokenPolicy};
 use crate::bundle::Limits;
 use crate::config::{BackendKind, ServeConfig};
+use crate::delivery::{DeliveryDeps, DeliveryService, DeliverySettings, SandboxExec};
 use crate::fsutil;
 use crate::metrics::Metrics;
 use crate::pool::metrics::{self as pool_metrics, PoolMetrics};
-use crate::pool::PoolService;
+use crate::pool::{PoolQuotas, PoolService};
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
-use crate::workload::{WorkloadService, WorkloadSettings};
+use crate::workload::{UploadLimits, WorkloadService, WorkloadSettings};
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -30,6 +31,19 @@ pub struct AppState {
     pub pools: Arc<PoolService>,
     /// Workloads, revisions, uploads and downloads.
     pub workloads: WorkloadService,
+    /// Deliveries into sandboxes (`None` on a backend without exec).
+    pub deliveries: Option<DeliveryService>,
+}
+
+/// Wraps the backend's exec port, e.g. to count or corrupt execs in tests.
+pub type ExecWrapper = Arc<dyn Fn(Arc<dyn SandboxExec>) -> Arc<dyn SandboxExec> + Send + Sync>;
+
+/// What [`AppState::build_with`] may change beyond the settings.
+#[derive(Clone, Default)]
+pub struct BuildOptions {
+    /// Applied to the backend's exec port before the delivery service gets
+    /// it.
+    pub exec_wrapper: Option<ExecWrapper>,
 }
 
 impl FromRef<AppState> for WorkloadService {
@@ -54,8 +68,15 @@ impl AppState {
     /// Opens the store and backends that `config` names, recovering from a
     /// crash where needed.
     pub async fn build(config: &ServeConfig) -> anyhow::Result<Self> {
+        Self::build_with(config, &BuildOptions::default()).await
+    }
+
+    /// [`AppState::build`] with `options`.
+    pub async fn build_with(config: &ServeConfig, options: &BuildOptions) -> anyhow::Result<Self> {
+        let delivery_settings = config.delivery_settings()?;
         fsutil::ensure_dir(&config.data_dir, 0o700)
             .with_context(|| format!("creating the data dir {}", config.data_dir.display()))?;
+        make_data_dir_private(config);
         let auth = Arc::new(build_authenticator(config)?);
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
@@ -63,18 +84,42 @@ impl AppState {
         let backend = sandbox::open(sandbox_settings(config))
             .await
             .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
-        let pools = Arc::new(PoolService::new(backend));
+        let quotas = PoolQuotas {
+            replicas: config.pool_replica_quota,
+            contexts: config.context_quota,
+        };
+        let pools = Arc::new(PoolService::with_quotas(backend.pools, quotas));
         let workloads = build_workloads(config).await?;
         metrics.with_registry(|r| workloads.metrics().register(r));
         let pool_metrics = PoolMetrics::default();
         metrics.with_registry(|r| pool_metrics.register(r));
         pool_metrics::spawn_sampler(&pools, pool_metrics, pool_metrics::SAMPLE_EVERY);
+        let deliveries = match backend.exec {
+            Some(exec) => {
+                let exec = match &options.exec_wrapper {
+                    Some(wrap) => wrap(exec),
+                    None => exec,
+                };
+                let deps = DeliveryDeps {
+                    exec,
+                    pools: pools.clone(),
+                    workloads: workloads.clone(),
+                    runs: workloads.run_store(),
+                    owner_scope: owner_scope.clone(),
+                };
+                let service = DeliveryService::new(delivery_settings, deps)?;
+                metrics.with_registry(|r| service.metrics().register(r));
+                Some(service)
+            }
+            None => None,
+        };
         Ok(Self {
             auth,
             owner_scope,
             metrics,
             pools,
             workloads,
+            deliveries,
         })
     }
 }
@@ -101,6 +146,10 @@ fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
                 .filter(|account| !account.is_empty());
             settings.claim_ttl = config.claim_ttl;
             settings.claim_pod_label = config.kube_claim_pod_label;
+            settings.delivery_container = config
+                .delivery_container
+                .clone()
+                .filter(|container| !container.is_empty());
             SandboxSettings::Kube(settings)
         }
     }
@@ -122,7 +171,36 @@ impl ServeConfig {
                 file_bytes: self.bundle_max_file_bytes,
                 ..Limits::default()
             },
+            uploads: UploadLimits {
+                max_concurrent: self.upload_max_concurrent,
+                max_per_owner: self.upload_max_per_owner,
+            },
+            upload_temp_bytes: self.upload_temp_max_bytes,
         }
+    }
+
+    /// The delivery service's settings. The root is taken inside the
+    /// sandbox directory on `local` (made relative to the exec's working
+    /// directory, which is the sandbox directory there).
+    pub fn delivery_settings(&self) -> anyhow::Result<DeliverySettings> {
+        let root = match self.backend {
+            BackendKind::Local => self.delivery_root.trim_start_matches('/').to_owned(),
+            BackendKind::Kube => self.delivery_root.clone(),
+        };
+        let shared_selector = match self.delivery_shared_selector.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(s) => Some(s.parse().context("--delivery-shared-selector")?),
+        };
+        let settings = DeliverySettings {
+            root,
+            retention: self.delivery_retention,
+            timeout: self.delivery_timeout,
+            parallelism: self.delivery_parallelism,
+            inflight_bytes: self.delivery_inflight_bytes,
+            shared_selector,
+        };
+        settings.validate()?;
+        Ok(settings)
     }
 
     /// The token policy these settings describe.
@@ -131,7 +209,48 @@ impl ServeConfig {
             issuer: self.token_issuer.clone(),
             audience: self.token_audience.clone(),
             leeway_secs: self.token_leeway_secs,
+            max_lifetime: self.token_max_lifetime,
         }
+    }
+
+    /// The per-request time limits.
+    pub fn request_limits(&self) -> crate::api::RequestLimits {
+        crate::api::RequestLimits {
+            body_idle_timeout: self.body_idle_timeout,
+            deadline: self.request_deadline,
+        }
+    }
+
+    /// The connection limits.
+    pub fn connection_limits(&self) -> crate::server::ConnectionLimits {
+        crate::server::ConnectionLimits {
+            header_read_timeout: self.header_read_timeout,
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            max_requests_per_connection: self.max_requests_per_connection,
+        }
+    }
+}
+
+/// Narrows the permissions of a data dir left readable by others (older
+/// versions created `store/meta.redb` with the umask's permissions) and
+/// logs what changed. The local backend's sandbox trees are left as they
+/// are: the data dir's own `0700` already closes them.
+fn make_data_dir_private(config: &ServeConfig) {
+    let done = fsutil::make_private(&config.data_dir, &["local"]);
+    if done.changed > 0 {
+        tracing::warn!(
+            changed = done.changed,
+            first = ?done.first,
+            "made files and directories under the data dir private (0600/0700)"
+        );
+    }
+    if done.failures > 0 {
+        tracing::warn!(
+            failures = done.failures,
+            first = ?done.failed,
+            "could not make everything under the data dir private"
+        );
     }
 }
 
@@ -155,10 +274,17 @@ fn build_authenticator(config: &ServeConfig) -> anyhow::Result<Authenticator> {
         }
     }
     if let Some(path) = &config.hs256_secret_file {
-        let secret = std::fs::read(path)
-            .with_context(|| format!("reading the HS256 secret {}", path.display()))?;
-        let trimmed = String::from_utf8_lossy(&secret).trim().as_bytes().to_vec();
-        keys.set_hs256_secret(&trimmed)?;
+        // One line naming the setting: this is what an operator sees when
+        // the service refuses to start.
+        let setting = || {
+            format!(
+                "--hs256-secret-file/CS_HS256_SECRET_FILE {}",
+                path.display()
+            )
+        };
+        let contents = std::fs::read(path).with_context(setting)?;
+        let secret = secret::parse_secret_file(&contents).with_context(setting)?;
+        keys.set_hs256_secret(&secret).with_context(setting)?;
     }
     Ok(Authenticator::new(keys, policy))
 }
@@ -170,6 +296,20 @@ async fn build_workloads(config: &ServeConfig) -> anyhow::Result<WorkloadService
         WorkloadService::open(&config.data_dir, config.workload_settings(), cache)
             .await
             .context("opening the workload store")?;
+    // Owners recorded before they had kinds were token subjects (or
+    // delegated ids sharing their namespace): they become subjects.
+    let migrated = service
+        .migrate_owners(Owner::legacy_key)
+        .await
+        .context("migrating stored owners")?;
+    if let Some(m) = migrated {
+        tracing::info!(
+            from_version = m.from_version,
+            workloads = m.workloads,
+            grants = m.grants,
+            "stored owners migrated to owners with kinds (sub:<sub>, user:<id>)"
+        );
+    }
     if report != Default::default() {
         tracing::warn!(
             temp_files_removed = report.temp_files_removed,

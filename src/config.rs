@@ -31,6 +31,12 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_LISTEN_ADDR", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
 
+    /// Serve `/metrics` on this address only (and not on `--listen`), so
+    /// that scrapers reach it and API clients do not. Unset: `/metrics` is
+    /// on the main address.
+    #[arg(long, env = "CS_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
     /// Directory of the embedded store (metadata, bundles, keys, local sandboxes).
     #[arg(long, env = "CS_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
@@ -45,7 +51,11 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_JWKS_FILE")]
     pub jwks_file: Option<PathBuf>,
 
-    /// File holding a shared secret (≥ 32 bytes) to also accept HS256 tokens.
+    /// File holding a shared secret to also accept HS256 tokens. Its bytes
+    /// are the secret exactly as stored, unless it starts with `base64:` or
+    /// `hex:` (then the rest, less one trailing newline, is decoded). The
+    /// secret must be ≥ 32 bytes with ≥ 8 distinct byte values, else the
+    /// service refuses to start.
     #[arg(long, env = "CS_HS256_SECRET_FILE")]
     pub hs256_secret_file: Option<PathBuf>,
 
@@ -53,13 +63,20 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_TOKEN_ISSUER", default_value = "context-service")]
     pub token_issuer: String,
 
-    /// Required token audience (`aud`).
+    /// Required token audience: `aud` must equal it, or be an array that
+    /// contains it.
     #[arg(long, env = "CS_TOKEN_AUDIENCE", default_value = "context-service")]
     pub token_audience: String,
 
     /// Clock leeway for `exp`/`nbf`, in seconds (at most 60).
     #[arg(long, env = "CS_TOKEN_LEEWAY_SECS", default_value_t = 30)]
     pub token_leeway_secs: u64,
+
+    /// Longest token lifetime accepted (`exp - iat`), e.g. `1h`; tokens then
+    /// must carry `iat`. Unset: any lifetime. The development token is
+    /// minted no longer than this.
+    #[arg(long, env = "CS_TOKEN_MAX_LIFETIME", value_parser = humantime::parse_duration)]
+    pub token_max_lifetime: Option<std::time::Duration>,
 
     /// Log format.
     #[arg(long, env = "CS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -106,9 +123,39 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_WORKLOAD_QUOTA", default_value_t = 20)]
     pub workload_quota: usize,
 
+    /// Most sandbox replicas one owner's pools hold together; a create
+    /// past it answers `429 pool_quota_exceeded`. `0`: no quota.
+    #[arg(long, env = "CS_POOL_REPLICA_QUOTA", default_value_t = 100)]
+    pub pool_replica_quota: u32,
+
+    /// Most named contexts one owner holds, across namespaces; a create
+    /// past it answers `429 context_quota_exceeded`. `0`: no quota.
+    #[arg(long, env = "CS_CONTEXT_QUOTA", default_value_t = 20)]
+    pub context_quota: u32,
+
     /// Lifetime of a one-time upload grant, e.g. `5m`.
     #[arg(long, env = "CS_UPLOAD_GRANT_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
     pub upload_grant_ttl: std::time::Duration,
+
+    /// Most uploads processed at once in the whole service (1 to 256); more
+    /// are refused with `429 too_many_uploads` and `Retry-After`. Each
+    /// running upload holds a blocking thread, so this also bounds threads.
+    #[arg(long, env = "CS_UPLOAD_MAX_CONCURRENT", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=crate::workload::MAX_CONCURRENT_UPLOADS as i64))]
+    pub upload_max_concurrent: u32,
+
+    /// Most uploads processed at once per owner (grant uploads count for
+    /// the workload's owner); more are refused with `429 too_many_uploads`.
+    #[arg(long, env = "CS_UPLOAD_MAX_PER_OWNER", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub upload_max_per_owner: u32,
+
+    /// Temporary disk (spool and speculative gzip, under `<data-dir>/tmp`)
+    /// all running uploads may hold together, in bytes (4 GiB by default);
+    /// an upload that finds it used up is refused with
+    /// `503 temp_space_exhausted` and `Retry-After`.
+    #[arg(long, env = "CS_UPLOAD_TEMP_MAX_BYTES", default_value_t = crate::workload::DEFAULT_UPLOAD_TEMP_BYTES)]
+    pub upload_temp_max_bytes: u64,
 
     /// Byte budget of the in-memory bundle cache (512 MiB by default).
     #[arg(long, env = "CS_CACHE_BYTES", default_value_t = 512 * 1024 * 1024)]
@@ -129,6 +176,74 @@ pub struct ServeConfig {
     /// Largest single file in a bundle, in bytes (256 MiB by default).
     #[arg(long, env = "CS_BUNDLE_MAX_FILE_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub bundle_max_file_bytes: u64,
+
+    /// Longest time a client may take to send a request's line and headers;
+    /// the connection is closed after it. hyper starts this timer whenever
+    /// it waits for a request, so it is also how long an idle keep-alive
+    /// connection stays open.
+    #[arg(long, env = "CS_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: std::time::Duration,
+
+    /// Longest pause between two pieces of a request body (uploads
+    /// included); the request then ends with `408 request_timeout`.
+    #[arg(long, env = "CS_BODY_IDLE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub body_idle_timeout: std::time::Duration,
+
+    /// Longest time a request may take until its answer starts, except
+    /// bundle uploads and downloads (they stream) and `?wait=ready`
+    /// long-polls (bounded on their own); then `503 deadline_exceeded`.
+    #[arg(long, env = "CS_REQUEST_DEADLINE", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub request_deadline: std::time::Duration,
+
+    /// Most open client connections; further ones are answered
+    /// `503 too_many_connections` and closed.
+    #[arg(long, env = "CS_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Most open connections from one client address (0: no per-address
+    /// cap). Behind a proxy that funnels every client through one address,
+    /// raise it or set 0.
+    #[arg(long, env = "CS_MAX_CONNECTIONS_PER_IP", default_value_t = 128)]
+    pub max_connections_per_ip: usize,
+
+    /// Requests served on one keep-alive connection before it is closed
+    /// (0: no limit).
+    #[arg(long, env = "CS_MAX_REQUESTS_PER_CONNECTION", default_value_t = 1000)]
+    pub max_requests_per_connection: usize,
+
+    /// Delivery root inside every sandbox: where delivered revisions, run
+    /// views and the lock live. Absolute, or relative to the exec's working
+    /// directory. On `local` it is taken inside the sandbox directory.
+    #[arg(long, env = "CS_DELIVERY_ROOT", default_value = "/workspace/.context")]
+    pub delivery_root: String,
+
+    /// Unreferenced revisions each owner keeps per sandbox after their last
+    /// run is released (0: removed at once).
+    #[arg(long, env = "CS_DELIVERY_RETENTION", default_value_t = 0)]
+    pub delivery_retention: u32,
+
+    /// Longest a delivery (or release) into one sandbox may take, e.g. `5m`.
+    #[arg(long, env = "CS_DELIVERY_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub delivery_timeout: std::time::Duration,
+
+    /// Most sandboxes one pool-wide delivery serves at once.
+    #[arg(long, env = "CS_DELIVERY_PARALLELISM", default_value_t = 8)]
+    pub delivery_parallelism: usize,
+
+    /// Budget of bundle bytes read from disk and held for deliveries at
+    /// once, process-wide (512 MiB by default).
+    #[arg(long, env = "CS_DELIVERY_INFLIGHT_BYTES", default_value_t = 512 * 1024 * 1024)]
+    pub delivery_inflight_bytes: u64,
+
+    /// Label selector (`k=v,k2=v2`) of shared sandboxes every owner may
+    /// deliver into (e.g. a platform-owned pool: `context.rossoctl.io/pool=shared`).
+    #[arg(long, env = "CS_DELIVERY_SHARED_SELECTOR")]
+    pub delivery_shared_selector: Option<String>,
+
+    /// Container of the sandbox pod that deliveries exec into (`kube`
+    /// backend; default: the pod's first container).
+    #[arg(long, env = "CS_DELIVERY_CONTAINER")]
+    pub delivery_container: Option<String>,
 }
 
 impl ServeConfig {

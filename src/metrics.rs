@@ -8,24 +8,33 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// Labels of the HTTP metrics.
+/// Labels of the HTTP metrics. Every value comes from a fixed set, so no
+/// client can create new series: see [`method_label`] and [`track`].
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
-    /// HTTP method.
-    pub method: String,
-    /// The matched route template (never the raw path, to bound cardinality).
+    /// HTTP method: a standard one, or `other`.
+    pub method: &'static str,
+    /// The matched route template (never the raw path), or `unmatched`.
     pub route: String,
     /// Response status code.
     pub status: u16,
+}
+
+/// Labels of refused connections.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// `max_connections` or `max_connections_per_ip`.
+    pub limit: &'static str,
 }
 
 /// The process's metrics.
@@ -34,6 +43,8 @@ pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
     requests: Family<HttpLabels, Counter>,
     latency: Family<HttpLabels, Histogram>,
+    connections_open: Gauge,
+    connections_refused: Family<RefusalLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -67,10 +78,29 @@ impl Metrics {
             "HTTP request latency until the response head, by method, route and status",
             latency.clone(),
         );
+        let connections_open = Gauge::default();
+        registry.register(
+            "http_connections_open",
+            "Client connections being served",
+            connections_open.clone(),
+        );
+        let connections_refused = Family::<RefusalLabels, Counter>::default();
+        // Both caps' series exist from the start, so that `rate()` and the
+        // alerts see 0 rather than no series at all.
+        for limit in ["max_connections", "max_connections_per_ip"] {
+            let _ = connections_refused.get_or_create(&RefusalLabels { limit });
+        }
+        registry.register(
+            "http_connections_refused",
+            "Client connections refused by a connection cap, by cap",
+            connections_refused.clone(),
+        );
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
             latency,
+            connections_open,
+            connections_refused,
         }
     }
 
@@ -79,7 +109,7 @@ impl Metrics {
         let mut guard = self
             .registry
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(&mut guard)
     }
 
@@ -90,6 +120,18 @@ impl Metrics {
         Ok(out)
     }
 
+    /// The gauge of open client connections.
+    pub fn connections_open(&self) -> &Gauge {
+        &self.connections_open
+    }
+
+    /// Counts a connection refused by the cap `limit`.
+    pub fn connection_refused(&self, limit: &'static str) {
+        self.connections_refused
+            .get_or_create(&RefusalLabels { limit })
+            .inc();
+    }
+
     fn observe(&self, labels: HttpLabels, started: Instant) {
         self.requests.get_or_create(&labels).inc();
         self.latency
@@ -98,15 +140,34 @@ impl Metrics {
     }
 }
 
-/// Middleware recording every request's route, status and latency.
+/// The method label: the standard methods by name, any other (clients may
+/// send any token, of any length) as `other`.
+pub fn method_label(method: &Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "PATCH" => "PATCH",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// The route label of requests no route matched.
+pub const UNMATCHED: &str = "unmatched";
+
+/// Middleware recording every request's method, route, status and latency.
+/// On a route it sees the route's template; on the fallback, [`UNMATCHED`].
 pub async fn track(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().to_string();
+    let method = method_label(request.method());
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
+        .unwrap_or_else(|| UNMATCHED.to_owned());
     let response = next.run(request).await;
     metrics.observe(
         HttpLabels {
@@ -131,5 +192,23 @@ pub async fn render(State(metrics): State<Metrics>) -> Response {
         )
             .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_standard_methods_are_labelled_by_name() {
+        for m in ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
+            assert_eq!(method_label(&Method::from_bytes(m.as_bytes()).unwrap()), m);
+        }
+        for m in ["TRACE", "CONNECT", "get", "XQ0001", &"A".repeat(16 * 1024)] {
+            assert_eq!(
+                method_label(&Method::from_bytes(m.as_bytes()).unwrap()),
+                "other"
+            );
+        }
     }
 }

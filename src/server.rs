@@ -1,34 +1,75 @@
 //! Binding, serving and graceful shutdown.
 
+mod conn;
+
 use std::future::Future;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::TcpListener;
 
-use crate::api;
-use crate::app::AppState;
+use crate::api::{self, RequestLimits};
+use crate::app::{AppState, BuildOptions};
 use crate::config::ServeConfig;
+
+pub use conn::ConnectionLimits;
 
 /// A bound, ready-to-run server.
 pub struct Server {
     listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
     state: AppState,
+    connection_limits: ConnectionLimits,
+    request_limits: RequestLimits,
 }
 
 impl Server {
-    /// Builds the application state and binds the listener.
+    /// Checks the limits, builds the application state and binds the
+    /// listener.
     pub async fn bind(config: &ServeConfig) -> anyhow::Result<Self> {
-        let state = AppState::build(config).await?;
+        Self::bind_with(config, &BuildOptions::default()).await
+    }
+
+    /// [`Server::bind`] with build `options` (e.g. a wrapped exec port in
+    /// tests).
+    pub async fn bind_with(config: &ServeConfig, options: &BuildOptions) -> anyhow::Result<Self> {
+        check_limits(config)?;
+        let state = AppState::build_with(config, options).await?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
-        Ok(Self { listener, state })
+        let metrics_listener = match config.metrics_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the metrics address {addr}"))?,
+            ),
+            None => None,
+        };
+        let mut connection_limits = config.connection_limits();
+        connection_limits.max_connections = fit_to_fd_limit(config.max_connections);
+        Ok(Self {
+            listener,
+            metrics_listener,
+            state,
+            connection_limits,
+            request_limits: config.request_limits(),
+        })
     }
 
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
         Ok(self.listener.local_addr()?)
+    }
+
+    /// The address `/metrics` is served on when it has its own
+    /// (`--metrics-addr`).
+    pub fn metrics_addr(&self) -> anyhow::Result<Option<SocketAddr>> {
+        Ok(match &self.metrics_listener {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        })
     }
 
     /// The application state, e.g. for tests.
@@ -41,12 +82,97 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let app = api::router(self.state);
-        axum::serve(self.listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .context("serving HTTP")
+        let metrics = self.state.metrics.clone();
+        let separate_metrics = self.metrics_listener.is_some();
+        let app = api::router(self.state, self.request_limits, !separate_metrics);
+        // Both listeners stop on the one shutdown signal.
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        });
+        let on_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        let metrics_server = self.metrics_listener.map(|listener| {
+            tokio::spawn(conn::serve(
+                listener,
+                api::metrics_router(metrics.clone()),
+                self.connection_limits,
+                metrics.clone(),
+                on_stop(stopped.clone()),
+            ))
+        });
+        conn::serve(
+            self.listener,
+            app,
+            self.connection_limits,
+            metrics,
+            on_stop(stopped),
+        )
+        .await;
+        if let Some(task) = metrics_server {
+            task.await.context("serving metrics")?;
+        }
+        Ok(())
     }
+}
+
+/// Refuses limits that would make the service unusable.
+fn check_limits(config: &ServeConfig) -> anyhow::Result<()> {
+    let timeouts = [
+        ("--header-read-timeout", config.header_read_timeout),
+        ("--body-idle-timeout", config.body_idle_timeout),
+        ("--request-deadline", config.request_deadline),
+    ];
+    for (flag, value) in timeouts {
+        anyhow::ensure!(value > Duration::ZERO, "{flag} must be longer than 0s");
+    }
+    anyhow::ensure!(
+        config.max_connections > 0,
+        "--max-connections must be at least 1"
+    );
+    Ok(())
+}
+
+/// File descriptors kept for everything but client connections: the
+/// listener, the store and blobs, upload spools, the Kubernetes client.
+const FD_RESERVE: u64 = 256;
+
+/// Raises the soft open-file limit to the hard one (as Go's runtime does)
+/// and lowers `max_connections` when even that cannot hold them besides
+/// [`FD_RESERVE`], so that a flood meets the connection cap, never a failing
+/// `accept` or a store that cannot open a file.
+fn fit_to_fd_limit(max_connections: usize) -> usize {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let mut soft = limit.current;
+    if let (Some(current), Some(hard)) = (limit.current, limit.maximum) {
+        if hard > current {
+            let raised = Rlimit {
+                current: Some(hard),
+                maximum: Some(hard),
+            };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => soft = Some(hard),
+                Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+            }
+        }
+    }
+    let Some(soft) = soft else {
+        return max_connections;
+    };
+    let room = usize::try_from(soft.saturating_sub(FD_RESERVE).max(1)).unwrap_or(usize::MAX);
+    if max_connections > room {
+        tracing::warn!(
+            max_connections,
+            lowered_to = room,
+            open_file_limit = soft,
+            "--max-connections exceeds the open-file limit; lowered"
+        );
+        return room;
+    }
+    max_connections
 }
 
 /// Completes on SIGINT or SIGTERM.
@@ -73,4 +199,20 @@ pub async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutting down; finishing in-flight requests");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_cap_fits_the_open_file_limit() {
+        assert_eq!(fit_to_fd_limit(16), 16);
+        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        let fitted = fit_to_fd_limit(usize::MAX);
+        match soft {
+            Some(soft) => assert_eq!(fitted as u64, soft.saturating_sub(FD_RESERVE).max(1)),
+            None => assert_eq!(fitted, usize::MAX),
+        }
+    }
 }

@@ -10,7 +10,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use super::error::ApiResult;
-use super::json::{self, path_param, Fields};
+use super::json::{self, path_param, GoField, GoKind, GoStruct};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::pool::validate::{CreateContextRequest, StorageRequest};
@@ -32,11 +32,15 @@ async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     principal.require(Scope::ContextsWrite)?;
-    let value = json::read_first_value(body).await?;
-    let req = decode_create(&value)?;
-    let owner = state.owner_scope.of(principal.subject());
-    let status = state.pools.create_context(&req, &owner).await?;
-    Ok(json::respond(StatusCode::CREATED, &Context::from(&status)))
+    let (body, overflow) = json::decode_body(body, &CREATE_REQUEST).await?;
+    let req = create_request(&body);
+    let owner = state.owner_scope.of(principal.owner());
+    let status = state
+        .pools
+        .create_context(&req, &owner)
+        .await
+        .map_err(|e| overflow.error(e.into()))?;
+    Ok(overflow.response(json::respond(StatusCode::CREATED, &Context::from(&status))))
 }
 
 async fn list(
@@ -46,7 +50,7 @@ async fn list(
 ) -> ApiResult<Response> {
     principal.require(Scope::ContextsRead)?;
     let namespace = path_param(path)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let items = state.pools.list_contexts(&namespace, &owner).await?;
     let list = ContextList {
         items: items.iter().map(Context::from).collect(),
@@ -61,7 +65,7 @@ async fn read(
 ) -> ApiResult<Response> {
     principal.require(Scope::ContextsRead)?;
     let (namespace, name) = path_param(path)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let status = state.pools.get_context(&namespace, &name, &owner).await?;
     Ok(json::respond(StatusCode::OK, &Context::from(&status)))
 }
@@ -73,7 +77,7 @@ async fn remove(
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::ContextsWrite)?;
     let (namespace, name) = path_param(path)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     state
         .pools
         .delete_context(&namespace, &name, &owner)
@@ -81,26 +85,64 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Decodes a create-context body like upstream's
-/// `contextresource.CreateRequest`.
-fn decode_create(value: &serde_json::Value) -> ApiResult<CreateContextRequest> {
-    let top = Fields::top(value, "contextresource.CreateRequest", "CreateRequest")?;
-    top.deny_unknown(&["name", "namespace", "type", "storage"])?;
-    let mut req = CreateContextRequest {
-        name: top.string("name")?,
-        namespace: top.string("namespace")?,
-        context_type: top.string("type")?,
-        storage: StorageRequest::default(),
-    };
-    if let Some(st) = top.get("storage") {
-        let st = Fields::nested(st, "CreateRequest", "storage", "Storage", "storage.")?;
-        st.deny_unknown(&["backend", "size", "accessMode", "storageClass"])?;
-        req.storage = StorageRequest {
-            backend: st.string("backend")?,
-            size: st.string("size")?,
-            access_mode: st.string("accessMode")?,
-            storage_class: st.string("storageClass")?,
-        };
+/// Upstream's `contextresource.Storage`.
+static STORAGE: GoStruct = GoStruct {
+    go_type: "contextresource.Storage",
+    fields: &[
+        GoField {
+            json: "backend",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "size",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "accessMode",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "storageClass",
+            kind: GoKind::String,
+        },
+    ],
+};
+
+/// Upstream's `contextresource.CreateRequest`.
+pub(super) static CREATE_REQUEST: GoStruct = GoStruct {
+    go_type: "contextresource.CreateRequest",
+    fields: &[
+        GoField {
+            json: "name",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "namespace",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "type",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "storage",
+            kind: GoKind::Struct(&STORAGE),
+        },
+    ],
+};
+
+/// The request a decoded `contextresource.CreateRequest` holds.
+pub(super) fn create_request(body: &json::Decoded) -> CreateContextRequest {
+    let st = body.nested("storage");
+    CreateContextRequest {
+        name: body.string("name"),
+        namespace: body.string("namespace"),
+        context_type: body.string("type"),
+        storage: StorageRequest {
+            backend: st.string("backend"),
+            size: st.string("size"),
+            access_mode: st.string("accessMode"),
+            storage_class: st.string("storageClass"),
+        },
     }
-    Ok(req)
 }

@@ -6,11 +6,10 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 
 use super::error_body::ErrorBody;
 use crate::auth::AuthError;
-use crate::workload::WorkloadError;
+use crate::workload::{WorkloadError, UPLOAD_RETRY_AFTER_SECS};
 
 /// An error answered to an API client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -19,6 +18,10 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    retry_after: Option<u32>,
+    /// Answer with `Connection: close` (the request body was not read to
+    /// its end, so the connection cannot carry another request).
+    close: bool,
 }
 
 impl ApiError {
@@ -28,7 +31,26 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
+            close: false,
         }
+    }
+
+    /// The same error, answered with `Retry-After: <secs>`.
+    pub fn with_retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// Seconds of `Retry-After`, if any.
+    pub fn retry_after(&self) -> Option<u32> {
+        self.retry_after
+    }
+
+    /// The same error, answered with `Connection: close`.
+    pub fn closing(mut self) -> Self {
+        self.close = true;
+        self
     }
 
     /// `400 invalid_request`.
@@ -118,12 +140,29 @@ impl From<WorkloadError> for ApiError {
             }
             W::GrantInvalid => ApiError::new(StatusCode::UNAUTHORIZED, "token_invalid", msg),
             W::GrantExpired => ApiError::new(StatusCode::UNAUTHORIZED, "token_expired", msg),
+            // The size limits answer 413 with their own code.
+            W::Bundle(b) if b.is_too_large() => {
+                let message = match b.entry() {
+                    Some(entry) if !msg.contains(entry) => format!("{b} (at {entry:?})"),
+                    _ => b.to_string(),
+                };
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, b.code(), message)
+            }
             W::Bundle(b) => {
                 let message = match b.entry() {
                     Some(entry) => format!("{}: {entry} ({b})", b.code()),
                     None => format!("{}: {b}", b.code()),
                 };
                 ApiError::new(StatusCode::BAD_REQUEST, "bundle_rejected", message)
+            }
+            W::TooManyUploads(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_uploads", msg)
+                    .with_retry_after(UPLOAD_RETRY_AFTER_SECS)
+            }
+            W::UploadInProgress => ApiError::new(StatusCode::CONFLICT, "upload_in_progress", msg),
+            W::TempSpaceExhausted(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "temp_space_exhausted", msg)
+                    .with_retry_after(UPLOAD_RETRY_AFTER_SECS)
             }
             W::TooLarge(_) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "upload_too_large", msg),
             W::UploadBroken(_) => ApiError::invalid_request(msg),
@@ -133,12 +172,25 @@ impl From<WorkloadError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// `{"error":…,"message":…}` as upstream's Go encoder writes it: a
+    /// trailing newline and `<`, `>`, `&` escaped.
     fn into_response(self) -> Response {
         let body = ErrorBody {
             error: self.code.to_owned(),
             message: self.message,
         };
-        (self.status, Json(body)).into_response()
+        let mut resp = super::json::respond(self.status, &body);
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        if self.close {
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     }
 }
 
@@ -157,6 +209,16 @@ impl From<crate::pool::PoolError> for ApiError {
             PoolError::Invalid(message) => Self::invalid_request(message.clone()),
             PoolError::NotFound(_) => Self::not_found(err.to_string()),
             PoolError::AlreadyExists(_) => Self::already_exists(err.to_string()),
+            PoolError::PoolQuotaExceeded { .. } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "pool_quota_exceeded",
+                err.to_string(),
+            ),
+            PoolError::ContextQuotaExceeded(_) => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "context_quota_exceeded",
+                err.to_string(),
+            ),
             PoolError::NotReady(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_ready",
@@ -234,5 +296,124 @@ mod pool_error_tests {
                 "internal error; see the service log".into()
             )
         );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Delivery domain → API.
+// ---------------------------------------------------------------------------
+
+impl From<crate::delivery::DeliveryError> for ApiError {
+    fn from(err: crate::delivery::DeliveryError) -> Self {
+        use crate::delivery::DeliveryError as D;
+        let msg = err.to_string();
+        match err {
+            D::InvalidRequest(_) => Self::invalid_request(msg),
+            D::WorkloadNotFound(_) => Self::new(StatusCode::NOT_FOUND, "workload_not_found", msg),
+            D::SandboxNotFound(_) => Self::new(StatusCode::NOT_FOUND, "sandbox_not_found", msg),
+            D::PoolNotFound(_) => Self::new(StatusCode::NOT_FOUND, "pool_not_found", msg),
+            D::RunNotFound(_) => Self::new(StatusCode::NOT_FOUND, "run_not_found", msg),
+            D::WorkloadNotReady(_) => Self::new(StatusCode::CONFLICT, "workload_not_ready", msg),
+            D::RunConflict { .. } => Self::new(StatusCode::CONFLICT, "run_conflict", msg),
+            D::Failed { .. } => Self::new(StatusCode::BAD_GATEWAY, DELIVERY_FAILED, msg),
+            D::Internal(cause) => Self::internal(cause),
+        }
+    }
+}
+
+/// Error code of a delivery or release that failed in a sandbox.
+pub const DELIVERY_FAILED: &str = "delivery_failed";
+
+/// A delivery handler's failure: any API error, or a failed delivery, whose
+/// `502` answer also carries every sandbox's outcome
+/// (`{error, message, deliveries}`).
+#[derive(Debug)]
+pub enum DeliveryApiError {
+    /// Answered like any other API error.
+    Api(ApiError),
+    /// Answered `502 delivery_failed` with the outcomes.
+    Failed {
+        /// The first failure's one-line reason.
+        message: String,
+        /// Every sandbox's outcome.
+        outcomes: Vec<crate::delivery::SandboxOutcome>,
+    },
+}
+
+impl From<ApiError> for DeliveryApiError {
+    fn from(e: ApiError) -> Self {
+        DeliveryApiError::Api(e)
+    }
+}
+
+impl From<AuthError> for DeliveryApiError {
+    fn from(e: AuthError) -> Self {
+        DeliveryApiError::Api(e.into())
+    }
+}
+
+impl From<crate::delivery::DeliveryError> for DeliveryApiError {
+    fn from(e: crate::delivery::DeliveryError) -> Self {
+        match e {
+            crate::delivery::DeliveryError::Failed { reason, outcomes } => {
+                tracing::warn!(reason = %reason, "delivery failed");
+                DeliveryApiError::Failed {
+                    message: reason,
+                    outcomes,
+                }
+            }
+            other => DeliveryApiError::Api(other.into()),
+        }
+    }
+}
+
+impl IntoResponse for DeliveryApiError {
+    fn into_response(self) -> Response {
+        match self {
+            DeliveryApiError::Api(e) => e.into_response(),
+            DeliveryApiError::Failed { message, outcomes } => {
+                let body = crate::delivery::FailedBody {
+                    error: DELIVERY_FAILED.to_owned(),
+                    message,
+                    deliveries: outcomes,
+                };
+                super::json::respond(StatusCode::BAD_GATEWAY, &body)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod delivery_error_tests {
+    use super::*;
+    use crate::delivery::DeliveryError as D;
+
+    fn api(err: D) -> (u16, &'static str, String) {
+        let err = ApiError::from(err);
+        (err.status().as_u16(), err.code(), err.message().to_owned())
+    }
+
+    #[test]
+    fn delivery_errors_map_to_their_codes() {
+        assert_eq!(api(D::InvalidRequest("x".into())).1, "invalid_request");
+        assert_eq!(
+            api(D::SandboxNotFound("s".into())),
+            (404, "sandbox_not_found", "sandbox \"s\" not found".into())
+        );
+        assert_eq!(api(D::PoolNotFound("p".into())).1, "pool_not_found");
+        assert_eq!(api(D::RunNotFound("r".into())).1, "run_not_found");
+        assert_eq!(api(D::WorkloadNotFound("w".into())).1, "workload_not_found");
+        assert_eq!(api(D::WorkloadNotReady("w".into())).0, 409);
+        let failed = D::Failed {
+            reason: "disk_full: no space".into(),
+            outcomes: Vec::new(),
+        };
+        assert_eq!(
+            api(failed),
+            (502, "delivery_failed", "disk_full: no space".into())
+        );
+        let (status, code, message) = api(D::Internal("secret path".into()));
+        assert_eq!((status, code), (500, "internal_error"));
+        assert!(!message.contains("secret"));
     }
 }

@@ -1,6 +1,6 @@
 //! What handlers take from a request, with failures as API errors: the
-//! caller ([`Principal`], from `Authorization` and `X-Context-Subject`), a
-//! bearer token, and a JSON body ([`ApiJson`]).
+//! caller ([`Principal`], from `Authorization` or upstream's `X-SH-Auth`,
+//! and `X-Context-Subject`), a bearer token, and a JSON body ([`ApiJson`]).
 
 use std::sync::Arc;
 
@@ -15,6 +15,10 @@ use crate::auth::{AuthError, Authenticator, Principal};
 
 /// Header a trusted service uses to act for a user: `user:<id>`.
 pub const SUBJECT_HEADER: &str = "x-context-subject";
+
+/// Upstream clients' token header (`contextctl`, the Go client library):
+/// `X-SH-Auth: <token>`, the same JWT as `Authorization: Bearer <token>`.
+pub const SH_AUTH_HEADER: &str = "x-sh-auth";
 
 /// The token of `Authorization: Bearer <token>`, for API tokens and upload
 /// grants alike. `placeholder` names the token in the error message
@@ -37,10 +41,46 @@ pub fn bearer_token<'h>(headers: &'h HeaderMap, placeholder: &str) -> Result<&'h
     }
 }
 
-/// Authenticates a request from its headers: the bearer token, and the
-/// subject a trusted service acts for, if any.
+/// The API token of a request: `Authorization: Bearer <token>` or
+/// `X-SH-Auth: <token>` (either carrier, verified the same way). When both
+/// are sent they must carry the same token, else neither is trusted.
+pub fn api_token(headers: &HeaderMap) -> Result<&str, AuthError> {
+    let mut sh = headers.get_all(SH_AUTH_HEADER).iter();
+    let sh_token = match (sh.next(), sh.next()) {
+        (None, _) => None,
+        (Some(_), Some(_)) => {
+            return Err(AuthError::token_invalid("send one X-SH-Auth header"));
+        }
+        (Some(v), None) => {
+            let v = v
+                .to_str()
+                .map_err(|_| AuthError::token_invalid("the X-SH-Auth header is not ASCII"))?
+                .trim();
+            if v.is_empty() {
+                return Err(AuthError::token_invalid("the X-SH-Auth header is empty"));
+            }
+            Some(v)
+        }
+    };
+    match (headers.contains_key(header::AUTHORIZATION), sh_token) {
+        (false, Some(token)) => Ok(token),
+        (true, Some(token)) => {
+            if bearer_token(headers, "token")? == token {
+                Ok(token)
+            } else {
+                Err(AuthError::token_invalid(
+                    "Authorization and X-SH-Auth carry different tokens",
+                ))
+            }
+        }
+        (_, None) => bearer_token(headers, "token"),
+    }
+}
+
+/// Authenticates a request from its headers: the API token ([`api_token`]),
+/// and the subject a trusted service acts for, if any.
 pub fn principal(auth: &Authenticator, headers: &HeaderMap) -> Result<Principal, ApiError> {
-    let token = bearer_token(headers, "token")?;
+    let token = api_token(headers)?;
     let subject =
         match headers.get(SUBJECT_HEADER) {
             None => None,
@@ -71,12 +111,15 @@ pub const JSON_LIMIT: usize = super::json::MAX_BODY;
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
+/// The rest of the body stays unread: the connection cannot carry another
+/// request, so the answer says `Connection: close`.
 fn too_large() -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body_too_large",
         format!("the JSON body exceeds {JSON_LIMIT} bytes"),
     )
+    .closing()
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
@@ -98,35 +141,44 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         let bytes = axum::body::to_bytes(Body::new(req.into_body()), JSON_LIMIT)
             .await
             .map_err(|e| {
-                let limit = std::error::Error::source(&e)
-                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+                let limit = std::error::Error::source(&e).is_some_and(
+                    <dyn std::error::Error + 'static>::is::<http_body_util::LengthLimitError>,
+                );
                 if limit {
                     too_large()
                 } else {
                     ApiError::invalid_request(format!("reading the body failed: {e}"))
                 }
             })?;
-        let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            let is_json = content_type.as_deref().is_some_and(|ct| {
-                let essence = ct.split(';').next().unwrap_or("").trim();
-                essence.eq_ignore_ascii_case("application/json")
-                    || essence.to_ascii_lowercase().ends_with("+json")
-            });
-            if !is_json {
-                return Err(ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "unsupported_media_type",
-                    "send the body as Content-Type: application/json",
-                ));
-            }
-            &bytes
-        };
-        serde_json::from_slice(body)
-            .map(ApiJson)
-            .map_err(|e| ApiError::invalid_request(format!("invalid JSON body: {e}")))
+        parse_json(&bytes, content_type.as_deref()).map(ApiJson)
     }
+}
+
+/// Decodes a JSON body read whole, sent as `content_type`: an empty (or
+/// all-whitespace) body is `{}`; anything else must be JSON.
+pub fn parse_json<T: DeserializeOwned>(
+    bytes: &[u8],
+    content_type: Option<&str>,
+) -> Result<T, ApiError> {
+    let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        let is_json = content_type.is_some_and(|ct| {
+            let essence = ct.split(';').next().unwrap_or("").trim();
+            essence.eq_ignore_ascii_case("application/json")
+                || essence.to_ascii_lowercase().ends_with("+json")
+        });
+        if !is_json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send the body as Content-Type: application/json",
+            ));
+        }
+        bytes
+    };
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_request(format!("invalid JSON body: {e}")))
 }
 
 #[cfg(test)]
@@ -167,6 +219,51 @@ mod tests {
         assert_eq!(
             principal(&f.auth, &headers).unwrap_err().code(),
             "token_invalid"
+        );
+    }
+
+    #[test]
+    fn x_sh_auth_carries_the_same_token() {
+        let f = fixture();
+        let token = mint(&f, "");
+        let other = mint(&f, "pools:read");
+        let mut headers = HeaderMap::new();
+        headers.insert(SH_AUTH_HEADER, token.parse().unwrap());
+        assert_eq!(principal(&f.auth, &headers).unwrap().subject(), "alice");
+        // Both carriers with the same token: fine.
+        headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        assert_eq!(api_token(&headers), Ok(token.as_str()));
+        // Different tokens: neither is trusted, even though both verify.
+        headers.insert("authorization", format!("Bearer {other}").parse().unwrap());
+        let err = principal(&f.auth, &headers).unwrap_err();
+        assert_eq!((err.status().as_u16(), err.code()), (401, "token_invalid"));
+        assert_eq!(
+            err.message(),
+            "Authorization and X-SH-Auth carry different tokens"
+        );
+        // A malformed Authorization is not rescued by X-SH-Auth.
+        headers.insert("authorization", format!("Basic {token}").parse().unwrap());
+        assert_eq!(
+            principal(&f.auth, &headers).unwrap_err().code(),
+            "token_invalid"
+        );
+        // The X-SH-Auth token is verified like any bearer token.
+        let mut headers = HeaderMap::new();
+        headers.insert(SH_AUTH_HEADER, "garbage".parse().unwrap());
+        assert_eq!(
+            principal(&f.auth, &headers).unwrap_err().code(),
+            "token_invalid"
+        );
+        headers.insert(SH_AUTH_HEADER, " ".parse().unwrap());
+        assert_eq!(
+            api_token(&headers),
+            Err(AuthError::token_invalid("the X-SH-Auth header is empty"))
+        );
+        headers.insert(SH_AUTH_HEADER, token.parse().unwrap());
+        headers.append(SH_AUTH_HEADER, token.parse().unwrap());
+        assert_eq!(
+            api_token(&headers),
+            Err(AuthError::token_invalid("send one X-SH-Auth header"))
         );
     }
 

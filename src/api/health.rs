@@ -1,11 +1,14 @@
 //! Liveness and readiness.
 
 use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
 use axum::routing::get;
-use axum::{Json, Router};
-use serde_json::{json, Value};
+use axum::Router;
+use serde_json::json;
 
 use super::error::ApiResult;
+use super::json;
 use crate::app::AppState;
 
 pub(super) fn router() -> Router<AppState> {
@@ -14,13 +17,14 @@ pub(super) fn router() -> Router<AppState> {
         .route("/readyz", get(readyz))
 }
 
-async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// Upstream's `{"status":"ok"}\n`.
+async fn healthz() -> Response {
+    json::respond(StatusCode::OK, &json!({"status": "ok"}))
 }
 
 /// Ready when the sandbox backend answers (the embedded store is opened at
 /// start-up, so a running process has it).
-async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Value>> {
+async fn readyz(State(state): State<AppState>) -> ApiResult<Response> {
     state.pools.check_ready().await?;
-    Ok(Json(json!({"status": "ready"})))
+    Ok(json::respond(StatusCode::OK, &json!({"status": "ready"})))
 }

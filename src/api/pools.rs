@@ -13,14 +13,14 @@ use axum::Router;
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
-use super::json::{self, path_param, Fields};
+use super::json::{self, path_param, GoField, GoKind, GoStruct};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::pool::validate::{CreatePoolRequest, WorkspaceRequest};
 use crate::pool::view::{Pool, PoolList};
 
 /// Default of `timeout` for `?wait=ready`.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(60);
+pub(super) const DEFAULT_WAIT: Duration = Duration::from_secs(60);
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()
@@ -34,11 +34,15 @@ async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     principal.require(Scope::PoolsWrite)?;
-    let value = json::read_first_value(body).await?;
-    let req = decode_create(&value)?;
-    let owner = state.owner_scope.of(principal.subject());
-    let status = state.pools.create(&req, &owner).await?;
-    Ok(json::respond(StatusCode::CREATED, &Pool::from(&status)))
+    let (body, overflow) = json::decode_body(body, &CREATE_REQUEST).await?;
+    let req = create_request(&body);
+    let owner = state.owner_scope.of(principal.owner());
+    let status = state
+        .pools
+        .create(&req, &owner)
+        .await
+        .map_err(|e| overflow.error(e.into()))?;
+    Ok(overflow.response(json::respond(StatusCode::CREATED, &Pool::from(&status))))
 }
 
 /// Query of `GET /v1/sandbox-pools/{name}`.
@@ -59,7 +63,7 @@ async fn read(
     principal.require(Scope::PoolsRead)?;
     let name = path_param(path)?;
     let Query(query) = query.map_err(|e| ApiError::invalid_request(e.body_text()))?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let status = match parse_wait(&query)? {
         Some(timeout) => state.pools.wait(&name, &owner, timeout).await?,
         None => state.pools.get(&name, &owner).await?,
@@ -87,7 +91,7 @@ fn parse_wait(query: &ReadQuery) -> ApiResult<Option<Duration>> {
 
 async fn list(State(state): State<AppState>, principal: Principal) -> ApiResult<Response> {
     principal.require(Scope::PoolsRead)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     let pools = state.pools.list(&owner).await?;
     let list = PoolList {
         items: pools.iter().map(Pool::from).collect(),
@@ -102,37 +106,74 @@ async fn remove(
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::PoolsWrite)?;
     let name = path_param(path)?;
-    let owner = state.owner_scope.of(principal.subject());
+    let owner = state.owner_scope.of(principal.owner());
     state.pools.delete(&name, &owner).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Decodes a create-pool body like upstream's `pool.CreateRequest`.
-fn decode_create(value: &serde_json::Value) -> ApiResult<CreatePoolRequest> {
-    let top = Fields::top(value, "pool.CreateRequest", "CreateRequest")?;
-    top.deny_unknown(&["name", "replicas", "warmPoolRef", "workspace"])?;
-    let mut req = CreatePoolRequest {
-        name: top.string("name")?,
-        replicas: top.int("replicas")?,
-        warm_pool_ref: top.string("warmPoolRef")?,
-        workspace: WorkspaceRequest::default(),
-    };
-    if let Some(ws) = top.get("workspace") {
-        let ws = Fields::nested(ws, "CreateRequest", "workspace", "Workspace", "workspace.")?;
-        ws.deny_unknown(&[
-            "size",
-            "accessMode",
-            "storageClass",
-            "claimName",
-            "readOnly",
-        ])?;
-        req.workspace = WorkspaceRequest {
-            size: ws.string("size")?,
-            access_mode: ws.string("accessMode")?,
-            storage_class: ws.string("storageClass")?,
-            claim_name: ws.string("claimName")?,
-            read_only: ws.opt_bool("readOnly")?,
-        };
+/// Upstream's `pool.Workspace`.
+static WORKSPACE: GoStruct = GoStruct {
+    go_type: "pool.Workspace",
+    fields: &[
+        GoField {
+            json: "size",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "accessMode",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "storageClass",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "claimName",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "readOnly",
+            kind: GoKind::BoolPtr,
+        },
+    ],
+};
+
+/// Upstream's `pool.CreateRequest`.
+pub(super) static CREATE_REQUEST: GoStruct = GoStruct {
+    go_type: "pool.CreateRequest",
+    fields: &[
+        GoField {
+            json: "name",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "replicas",
+            kind: GoKind::Int,
+        },
+        GoField {
+            json: "warmPoolRef",
+            kind: GoKind::String,
+        },
+        GoField {
+            json: "workspace",
+            kind: GoKind::Struct(&WORKSPACE),
+        },
+    ],
+};
+
+/// The request a decoded `pool.CreateRequest` holds.
+pub(super) fn create_request(body: &json::Decoded) -> CreatePoolRequest {
+    let ws = body.nested("workspace");
+    CreatePoolRequest {
+        name: body.string("name"),
+        replicas: body.int("replicas"),
+        warm_pool_ref: body.string("warmPoolRef"),
+        workspace: WorkspaceRequest {
+            size: ws.string("size"),
+            access_mode: ws.string("accessMode"),
+            storage_class: ws.string("storageClass"),
+            claim_name: ws.string("claimName"),
+            read_only: ws.opt_bool("readOnly"),
+        },
     }
-    Ok(req)
 }

@@ -3,8 +3,8 @@
 //! authorise, call the [`WorkloadService`] and map its answer.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer_token, ApiJson};
+use super::rejection::ApiPath;
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::workload::{CreateWorkload, UploadTicket, WorkloadService, BUNDLE_MEDIA_TYPE};
@@ -35,17 +36,20 @@ pub(super) fn router() -> Router<AppState> {
 /// `POST /v1/workloads` body.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CreateBody {
-    name: Option<String>,
+pub struct CreateBody {
+    /// Requested name.
+    pub name: Option<String>,
+    /// Context type.
     #[serde(rename = "type")]
-    kind: Option<String>,
+    pub kind: Option<String>,
 }
 
 /// `POST /v1/workloads/{id}/activate` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ActivateBody {
-    revision: String,
+pub struct ActivateBody {
+    /// The revision to freeze.
+    pub revision: String,
 }
 
 async fn create(
@@ -58,54 +62,54 @@ async fn create(
         name: body.name,
         kind: body.kind,
     };
-    let view = svc.create(principal.subject(), req).await?;
+    let view = svc.create(&principal.owner().key(), req).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
 async fn list(State(svc): State<WorkloadService>, principal: Principal) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
-    let workloads = svc.list(principal.subject()).await?;
+    let workloads = svc.list(&principal.owner().key()).await?;
     Ok(Json(json!({ "workloads": workloads })).into_response())
 }
 
 async fn read(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
-    Ok(Json(svc.get(principal.subject(), &id).await?).into_response())
+    Ok(Json(svc.get(&principal.owner().key(), &id).await?).into_response())
 }
 
 async fn remove(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::WorkloadsWrite)?;
-    svc.delete(principal.subject(), &id).await?;
+    svc.delete(&principal.owner().key(), &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn new_grant(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
-    let grant = svc.grant(principal.subject(), &id).await?;
+    let grant = svc.grant(&principal.owner().key(), &id).await?;
     Ok((StatusCode::CREATED, Json(grant)).into_response())
 }
 
 async fn activate(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ActivateBody>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
     let view = svc
-        .activate(principal.subject(), &id, &body.revision)
+        .activate(&principal.owner().key(), &id, &body.revision)
         .await?;
     Ok(Json(view).into_response())
 }
@@ -113,18 +117,18 @@ async fn activate(
 async fn upload_by_owner(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
-    let ticket = svc.owner_upload(principal.subject(), &id).await?;
+    let ticket = svc.owner_upload(&principal.owner().key(), &id).await?;
     upload(&svc, ticket, &headers, body).await
 }
 
 async fn upload_by_grant(
     State(svc): State<WorkloadService>,
-    Path(grant): Path<String>,
+    ApiPath(grant): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -152,7 +156,7 @@ async fn upload(
                 .to_ascii_lowercase()
         });
     match content_type.as_deref() {
-        Some(BUNDLE_MEDIA_TYPE) | Some("application/gzip") => {}
+        Some(BUNDLE_MEDIA_TYPE | "application/gzip") => {}
         other => {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -185,11 +189,12 @@ async fn upload(
 async fn download(
     State(svc): State<WorkloadService>,
     principal: Principal,
-    Path((id, revision)): Path<(String, String)>,
+    ApiPath((id, revision)): ApiPath<(String, String)>,
+    method: Method,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
-    let rev = svc.locate(principal.subject(), &id, &revision).await?;
+    let rev = svc.locate(&principal.owner().key(), &id, &revision).await?;
     let etag = format!("\"sha256:{}\"", rev.bundle_digest);
     let mut out = HeaderMap::new();
     out.insert(header::ETAG, header_value(&etag)?);
@@ -219,7 +224,6 @@ async fn download(
             return Ok((out, err).into_response());
         }
     };
-    let bundle = svc.open_bundle(&id, &rev).await?;
     out.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(BUNDLE_MEDIA_TYPE),
@@ -235,6 +239,12 @@ async fn download(
         None => (StatusCode::OK, 0, len),
     };
     out.insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+    // HEAD answers from the record alone: it must neither load the bundle
+    // into the cache (evicting what GETs use) nor count as a download.
+    if method == Method::HEAD {
+        return Ok((status, out).into_response());
+    }
+    let bundle = svc.open_bundle(&id, &rev).await?;
     let stream = bundle
         .stream(start, end)
         .await

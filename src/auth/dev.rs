@@ -154,7 +154,7 @@ impl DevIssuer {
         let claims = Claims {
             sub: sub.to_owned(),
             iss: policy.issuer.clone(),
-            aud: policy.audience.clone(),
+            aud: policy.audience.clone().into(),
             exp: now + ttl.as_secs(),
             iat: Some(now),
             nbf: Some(now),
@@ -165,14 +165,19 @@ impl DevIssuer {
         Ok(encode(&header, &claims, &self.encoding)?)
     }
 
-    /// Mints the development token (all user scopes) and writes it where
-    /// `contextctl` looks for it. Returns the file's path.
+    /// Mints the development token (all user scopes, for
+    /// [`DEV_TOKEN_TTL`] or the policy's maximum lifetime if shorter) and
+    /// writes it where `contextctl` looks for it. Returns the file's path.
     pub fn write_dev_token(
         &self,
         data_dir: &Path,
         policy: &TokenPolicy,
     ) -> Result<PathBuf, DevAuthError> {
-        let token = self.mint(policy, DEV_SUBJECT, &Scope::user_scopes(), DEV_TOKEN_TTL)?;
+        // Never longer than the service accepts.
+        let ttl = policy
+            .max_lifetime
+            .map_or(DEV_TOKEN_TTL, |max| max.min(DEV_TOKEN_TTL));
+        let token = self.mint(policy, DEV_SUBJECT, &Scope::user_scopes(), ttl)?;
         let path = dev_token_path(data_dir);
         fsutil::write_atomic(&path, format!("{token}\n").as_bytes(), 0o600)
             .map_err(io_err(&path))?;

@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use base64::Engine as _;
+
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm};
 use jsonwebtoken::{Algorithm, DecodingKey};
 
@@ -42,9 +44,22 @@ pub enum KeyError {
         /// The cause.
         source: jsonwebtoken::errors::Error,
     },
-    /// The HS256 secret is too short to be safe.
-    #[error("the HS256 secret must be at least 32 bytes")]
-    WeakSecret,
+    /// The HS256 secret is malformed, too short or trivially guessable.
+    #[error(transparent)]
+    WeakSecret(#[from] super::secret::SecretError),
+}
+
+/// Smallest RSA modulus accepted in a JWKS, in bits (NIST SP 800-131A).
+pub const MIN_RSA_BITS: usize = 2048;
+
+/// The size in bits of a JWK's base64url big-endian modulus `n`.
+pub(super) fn rsa_modulus_bits(n: &str) -> Option<usize> {
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(n.trim_end_matches('='))
+        .ok()?;
+    let first = bytes.iter().position(|b| *b != 0)?;
+    let top = bytes[first];
+    Some((bytes.len() - first - 1) * 8 + (8 - top.leading_zeros() as usize))
 }
 
 /// A key and the one algorithm it verifies.
@@ -85,7 +100,16 @@ impl VerifyingKey {
             AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
                 Algorithm::ES256
             }
-            AlgorithmParameters::RSA(_) => Algorithm::RS256,
+            AlgorithmParameters::RSA(p) => {
+                let bits = rsa_modulus_bits(&p.n)
+                    .ok_or_else(|| unsupported("its RSA modulus \"n\" is not base64url"))?;
+                if bits < MIN_RSA_BITS {
+                    return Err(unsupported(&format!(
+                        "its RSA modulus has {bits} bits; at least {MIN_RSA_BITS} are required"
+                    )));
+                }
+                Algorithm::RS256
+            }
             _ => {
                 return Err(unsupported(
                     "only Ed25519 (EdDSA), P-256 (ES256) and RSA (RS256) keys are accepted",
@@ -146,11 +170,10 @@ impl KeySet {
         self.add_jwks(&jwks)
     }
 
-    /// Trusts HS256 tokens signed with `secret` (at least 32 bytes).
+    /// Trusts HS256 tokens signed with `secret`, used byte for byte; it
+    /// must pass [`super::secret::check_strength`] first.
     pub fn set_hs256_secret(&mut self, secret: &[u8]) -> Result<(), KeyError> {
-        if secret.len() < 32 {
-            return Err(KeyError::WeakSecret);
-        }
+        super::secret::check_strength(secret)?;
         self.hs256 = Some(VerifyingKey {
             key: DecodingKey::from_secret(secret).map_err(|source| KeyError::Invalid {
                 kid: "hs256".to_owned(),

@@ -9,13 +9,15 @@ mod error;
 mod keys;
 mod owner;
 mod principal;
+pub mod secret;
 
 pub use error::AuthError;
-pub use keys::{KeyError, KeySet, VerifyingKey};
-pub use owner::OwnerScope;
+pub use keys::{KeyError, KeySet, VerifyingKey, MIN_RSA_BITS};
+pub use owner::{Owner, OwnerScope};
 pub use principal::{Principal, Scope};
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{decode, decode_header, Validation};
@@ -31,8 +33,8 @@ pub struct Claims {
     pub sub: String,
     /// Issuer.
     pub iss: String,
-    /// Audience.
-    pub aud: String,
+    /// Audience: one, or an array of which one must be this service.
+    pub aud: Audience,
     /// Expiry, seconds since the epoch.
     pub exp: u64,
     /// Issued-at, seconds since the epoch.
@@ -46,15 +48,40 @@ pub struct Claims {
     pub scope: String,
 }
 
+/// The `aud` claim: a string, or an array of strings (RFC 7519 §4.1.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Audience {
+    /// `"aud": "x"`.
+    One(String),
+    /// `"aud": ["x", "y"]`.
+    Many(Vec<String>),
+}
+
+impl From<String> for Audience {
+    fn from(aud: String) -> Self {
+        Audience::One(aud)
+    }
+}
+
+impl From<&str> for Audience {
+    fn from(aud: &str) -> Self {
+        Audience::One(aud.to_owned())
+    }
+}
+
 /// What a token must say about where it comes from and whom it is for.
 #[derive(Debug, Clone)]
 pub struct TokenPolicy {
     /// Required `iss`.
     pub issuer: String,
-    /// Required `aud`.
+    /// Required `aud` (or one of an array `aud`).
     pub audience: String,
     /// Clock leeway for `exp`/`nbf`, at most [`MAX_LEEWAY_SECS`].
     pub leeway_secs: u64,
+    /// Longest `exp - iat` accepted; tokens then need `iat`. `None` accepts
+    /// any lifetime.
+    pub max_lifetime: Option<Duration>,
 }
 
 impl Default for TokenPolicy {
@@ -63,6 +90,7 @@ impl Default for TokenPolicy {
             issuer: "context-service".to_owned(),
             audience: "context-service".to_owned(),
             leeway_secs: 30,
+            max_lifetime: None,
         }
     }
 }
@@ -111,7 +139,11 @@ impl Authenticator {
         validation.algorithms = vec![key.algorithm()];
         validation.set_issuer(&[&self.policy.issuer]);
         validation.set_audience(&[&self.policy.audience]);
-        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        let mut required = vec!["exp", "iss", "aud", "sub"];
+        if self.policy.max_lifetime.is_some() {
+            required.push("iat");
+        }
+        validation.set_required_spec_claims(&required);
         validation.leeway = self.policy.leeway_secs;
         validation.validate_nbf = true;
         let data = decode::<Claims>(token, key.decoding_key(), &validation).map_err(|e| match e
@@ -136,8 +168,28 @@ impl Authenticator {
         if data.claims.sub.is_empty() {
             return Err(AuthError::token_invalid("the token's subject is empty"));
         }
+        if let Some(max) = self.policy.max_lifetime {
+            check_lifetime(&data.claims, max)?;
+        }
         Ok(data.claims)
     }
+}
+
+/// `Ok` when the token lives at most `max` (`exp - iat`).
+fn check_lifetime(claims: &Claims, max: Duration) -> Result<(), AuthError> {
+    let iat = claims.iat.ok_or_else(|| {
+        AuthError::token_invalid("the token lacks the claim \"iat\" (a maximum lifetime is set)")
+    })?;
+    let lifetime = claims.exp.checked_sub(iat).ok_or_else(|| {
+        AuthError::token_invalid("the token expires before it was issued (exp < iat)")
+    })?;
+    if lifetime > max.as_secs() {
+        return Err(AuthError::token_invalid(format!(
+            "the token's lifetime (exp - iat) is {lifetime}s; at most {}s is accepted",
+            max.as_secs()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

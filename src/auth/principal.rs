@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use super::AuthError;
+use super::{AuthError, Owner};
 
 /// A permission a token can carry in its `scope` claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,24 +74,29 @@ impl fmt::Display for Scope {
 /// scopes of the token that authenticated it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
-    subject: String,
+    owner: Owner,
     scopes: HashSet<String>,
     delegated_by: Option<String>,
 }
 
 impl Principal {
-    /// A principal for `subject` with `scopes`.
+    /// A principal for the token subject `subject` with `scopes`.
     pub fn new(subject: String, scopes: HashSet<String>) -> Self {
         Self {
-            subject,
+            owner: Owner::Subject(subject),
             scopes,
             delegated_by: None,
         }
     }
 
     /// The owner: resources are recorded under and checked against it.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// The owner's bare id (token `sub` or delegated user id).
     pub fn subject(&self) -> &str {
-        &self.subject
+        self.owner.id()
     }
 
     /// The service that acts for the subject, when delegated.
@@ -113,9 +118,10 @@ impl Principal {
         }
     }
 
-    /// Switches to the subject named by `X-Context-Subject` (`user:<id>`),
+    /// Switches to the user named by `X-Context-Subject` (`user:<id>`),
     /// which only a token with scope `delegate` may do. The token's other
-    /// scopes then apply to that subject.
+    /// scopes then apply to that user, who is always an [`Owner::User`]:
+    /// never a token subject of the same name.
     pub fn delegate(self, header_value: &str) -> Result<Principal, AuthError> {
         if !self.has(Scope::Delegate) {
             return Err(AuthError::DelegateMissing);
@@ -124,10 +130,11 @@ impl Principal {
             .strip_prefix("user:")
             .filter(|id| valid_subject_id(id))
             .ok_or(AuthError::SubjectInvalid)?;
+        let delegated_by = self.owner.id().to_owned();
         Ok(Principal {
-            subject: user.to_owned(),
+            owner: Owner::User(user.to_owned()),
             scopes: self.scopes,
-            delegated_by: Some(self.subject),
+            delegated_by: Some(delegated_by),
         })
     }
 }

@@ -24,7 +24,7 @@ fn claims(sub: &str, scope: &str) -> Claims {
     Claims {
         sub: sub.into(),
         iss: policy.issuer,
-        aud: policy.audience,
+        aud: policy.audience.into(),
         exp: now() + 600,
         iat: Some(now()),
         nbf: None,
@@ -213,7 +213,7 @@ fn hs256_works_only_when_configured() {
     let mut keys = KeySet::new();
     assert!(matches!(
         keys.set_hs256_secret(b"short"),
-        Err(KeyError::WeakSecret)
+        Err(KeyError::WeakSecret(secret::SecretError::TooShort(5)))
     ));
     keys.set_hs256_secret(secret).unwrap();
     let auth = Authenticator::new(keys, TokenPolicy::default());
@@ -292,7 +292,12 @@ fn delegation_needs_the_delegate_scope() {
         .authenticate(&mint("delegate workloads:read"), Some("user:alice"))
         .unwrap();
     assert_eq!(p.subject(), "alice");
+    // The user alice, never a token subject of that name.
+    assert_eq!(p.owner(), &Owner::User("alice".into()));
+    assert_eq!(p.owner().key(), "user:alice");
     assert_eq!(p.delegated_by(), Some("moca"));
+    let direct = f.auth.authenticate(&mint("delegate"), None).unwrap();
+    assert_eq!(direct.owner(), &Owner::Subject("moca".into()));
     assert!(p.has(Scope::WorkloadsRead));
 
     let err = f
@@ -309,4 +314,103 @@ fn delegation_needs_the_delegate_scope() {
             .unwrap_err();
         assert_eq!(err, AuthError::SubjectInvalid, "{bad}");
     }
+}
+
+/// A 1024-bit RSA public key: too small to trust.
+pub(crate) const RSA_1024_JWKS: &str = r#"{"keys": [{"kty": "RSA", "kid": "small", "alg": "RS256", "e": "AQAB",
+  "n": "s-azoYI2miqaQPIIys94cxqyXAeQ-Tlf8Pvx3R2xakm8VvuGy9m0wWQTn8dx4BrVk-MyNu6YzFzQhtEThmd3thIS3mBBX96NY3V2-yLfTmkBk71604A7EYet5P2iHcDSP-morhT5Dmw0lKSnRdg3hUzEC8qi3_bI_CsWeA-fBUs"}]}"#;
+
+#[test]
+fn rsa_keys_below_2048_bits_are_refused() {
+    let mut keys = KeySet::new();
+    let err = keys
+        .add_jwks(&serde_json::from_str(RSA_1024_JWKS).unwrap())
+        .unwrap_err();
+    assert!(matches!(err, KeyError::Unsupported { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "key \"small\": its RSA modulus has 1024 bits; at least 2048 are required"
+    );
+    assert!(keys.is_empty());
+    // The 2048-bit test key is accepted (the fixture loads it).
+    assert_eq!(fixture().auth.keys.len(), 3);
+    assert_eq!(keys::rsa_modulus_bits("AQAB"), Some(17));
+    assert_eq!(keys::rsa_modulus_bits("AAAB"), Some(1));
+    assert_eq!(keys::rsa_modulus_bits("AAAA"), None);
+}
+
+fn es256_token(c: &serde_json::Value) -> String {
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = Some("test-es256".into());
+    encode(&header, c, &EncodingKey::from_ec_pem(ES256_PEM).unwrap()).unwrap()
+}
+
+fn with_policy(policy: TokenPolicy) -> Authenticator {
+    let mut keys = KeySet::new();
+    keys.add_jwks(&serde_json::from_str(TEST_JWKS).unwrap())
+        .unwrap();
+    Authenticator::new(keys, policy)
+}
+
+#[test]
+fn an_array_audience_must_name_this_service() {
+    let auth = with_policy(TokenPolicy::default());
+    let mut c = serde_json::to_value(claims("alice", "pools:read")).unwrap();
+    c["aud"] = serde_json::json!(["other", "context-service"]);
+    let p = auth.authenticate(&es256_token(&c), None).unwrap();
+    assert_eq!(p.subject(), "alice");
+    for aud in [serde_json::json!(["a", "b"]), serde_json::json!([])] {
+        c["aud"] = aud;
+        let err = auth.authenticate(&es256_token(&c), None).unwrap_err();
+        assert!(
+            err.to_string().contains("not meant for this service"),
+            "{err}"
+        );
+    }
+    c["aud"] = serde_json::json!([1, 2]);
+    assert!(is_invalid(auth.authenticate(&es256_token(&c), None)));
+}
+
+#[test]
+fn the_maximum_lifetime_bounds_exp_minus_iat() {
+    let policy = TokenPolicy {
+        max_lifetime: Some(Duration::from_secs(3600)),
+        ..TokenPolicy::default()
+    };
+    let auth = with_policy(policy.clone());
+    let mut c = serde_json::to_value(claims("alice", "pools:read")).unwrap();
+    let now = now();
+    c["iat"] = now.into();
+    c["exp"] = (now + 3600).into();
+    assert!(auth.authenticate(&es256_token(&c), None).is_ok());
+    c["exp"] = (now + 3601).into();
+    let err = auth.authenticate(&es256_token(&c), None).unwrap_err();
+    assert_eq!(
+        err,
+        AuthError::token_invalid(
+            "the token's lifetime (exp - iat) is 3601s; at most 3600s is accepted"
+        )
+    );
+    c["iat"] = (now + 7200).into();
+    let err = auth.authenticate(&es256_token(&c), None).unwrap_err();
+    assert!(err.to_string().contains("exp < iat"), "{err}");
+    c.as_object_mut().unwrap().remove("iat");
+    let err = auth.authenticate(&es256_token(&c), None).unwrap_err();
+    assert!(err.to_string().contains("\"iat\""), "{err}");
+    // Without a maximum, neither iat nor a short life is required.
+    assert!(with_policy(TokenPolicy::default())
+        .authenticate(&es256_token(&c), None)
+        .is_ok());
+
+    // The development token is minted within the maximum.
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = DevIssuer::ensure(dir.path()).unwrap();
+    let path = issuer.write_dev_token(dir.path(), &policy).unwrap();
+    let mut keys = KeySet::new();
+    keys.add_jwks(&issuer.jwks()).unwrap();
+    let token = std::fs::read_to_string(path).unwrap();
+    let claims = Authenticator::new(keys, policy)
+        .verify(token.trim())
+        .unwrap();
+    assert_eq!(claims.exp - claims.iat.unwrap(), 3600);
 }

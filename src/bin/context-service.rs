@@ -44,6 +44,6 @@ async fn main() -> ExitCode {
 
 async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let server = Server::bind(&config).await?;
-    tracing::info!(addr = %server.local_addr()?, data_dir = %config.data_dir.display(), backend = ?config.backend, "listening");
+    tracing::info!(addr = %server.local_addr()?, metrics_addr = ?server.metrics_addr()?, data_dir = %config.data_dir.display(), backend = ?config.backend, "listening");
     server.run(shutdown_signal()).await
 }

@@ -60,6 +60,13 @@ pub enum BundleError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The temporary-space budget shared by concurrent uploads is used up.
+    /// Not the bundle's fault; worth a retry.
+    #[error("the temporary space for uploads ({limit} bytes) is in use; retry later")]
+    TempSpaceExhausted {
+        /// The budget in bytes.
+        limit: u64,
+    },
     /// The compressed input is larger than the limit.
     #[error("compressed bundle exceeds {limit} bytes")]
     CompressedTooLarge {
@@ -100,6 +107,17 @@ pub enum BundleError {
         /// Its length in bytes.
         len: usize,
         /// The limit.
+        limit: usize,
+    },
+    /// A path component longer than Linux `NAME_MAX` (255 bytes): no
+    /// sandbox could extract it.
+    #[error("path {entry:?} has a {len}-byte component, over the {limit}-byte limit")]
+    NameTooLong {
+        /// The path (possibly shortened for display).
+        entry: String,
+        /// The length of the first over-long component, in bytes.
+        len: usize,
+        /// The limit (255).
         limit: usize,
     },
     /// A path deeper than the limit.
@@ -282,11 +300,13 @@ impl BundleError {
         match self {
             BundleError::Io { .. } => "io_error",
             BundleError::Storage { .. } => "storage_error",
+            BundleError::TempSpaceExhausted { .. } => "temp_space_exhausted",
             BundleError::CompressedTooLarge { .. } => "compressed_too_large",
             BundleError::InflatedTooLarge { .. } => "inflated_too_large",
             BundleError::TooManyEntries { .. } => "too_many_entries",
             BundleError::FileTooLarge { .. } => "file_too_large",
             BundleError::PathTooLong { .. } => "path_too_long",
+            BundleError::NameTooLong { .. } => "name_too_long",
             BundleError::PathTooDeep { .. } => "path_too_deep",
             BundleError::AbsolutePath { .. } => "absolute_path",
             BundleError::PathTraversal { .. } => "path_traversal",
@@ -326,6 +346,7 @@ impl BundleError {
             BundleError::TooManyEntries { entry, .. }
             | BundleError::FileTooLarge { entry, .. }
             | BundleError::PathTooLong { entry, .. }
+            | BundleError::NameTooLong { entry, .. }
             | BundleError::PathTooDeep { entry, .. }
             | BundleError::AbsolutePath { entry }
             | BundleError::PathTraversal { entry }
@@ -345,6 +366,7 @@ impl BundleError {
             | BundleError::ChecksumFileUnlisted { entry } => Some(entry),
             BundleError::ChecksumsInvalid { .. } => Some("checksums.json"),
             BundleError::Storage { .. }
+            | BundleError::TempSpaceExhausted { .. }
             | BundleError::CompressedTooLarge { .. }
             | BundleError::PaxGlobalHeader { .. }
             | BundleError::TruncatedGzip
@@ -372,7 +394,10 @@ impl BundleError {
     pub fn is_rejection(&self) -> bool {
         !matches!(
             self,
-            BundleError::Io { .. } | BundleError::Storage { .. } | BundleError::Internal { .. }
+            BundleError::Io { .. }
+                | BundleError::Storage { .. }
+                | BundleError::TempSpaceExhausted { .. }
+                | BundleError::Internal { .. }
         )
     }
 }

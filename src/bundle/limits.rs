@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use super::TempBudget;
+
 /// One MiB, for readable defaults.
 const MIB: u64 = 1024 * 1024;
 
@@ -15,8 +17,10 @@ pub struct Limits {
     /// Most bytes the gzip stream may inflate to (the whole tar stream,
     /// headers and padding included).
     pub inflated_bytes: u64,
-    /// Most tree entries: every tar member counts, and so does every parent
-    /// directory that the archive implies without listing it.
+    /// Most tree entries: each distinct path counts once, whether a member
+    /// lists it or the archive only implies it (a parent directory), and
+    /// whatever the order (an explicit directory after its files adds
+    /// nothing). The archive root (`./`) counts once if listed.
     pub entries: u64,
     /// Largest single regular file.
     pub file_bytes: u64,
@@ -50,6 +54,9 @@ pub struct CanonicalOptions {
     /// system temporary directory. Spool files are unnamed and vanish when
     /// the call returns, whatever its outcome.
     pub temp_dir: Option<PathBuf>,
+    /// Budget the temporary files (spool, speculative gzip) are charged
+    /// to, shared with concurrent calls; `None` is unlimited.
+    pub temp_budget: Option<TempBudget>,
 }
 
 impl Default for CanonicalOptions {
@@ -59,6 +66,7 @@ impl Default for CanonicalOptions {
         Self {
             gzip_level: 1,
             temp_dir: None,
+            temp_budget: None,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! validates and computes the revision only; [`pack_dir`] builds the same
 //! canonical bundle from a directory on disk.
 
+mod budget;
 mod canonical;
 mod context_layout;
 mod error;
@@ -20,6 +21,7 @@ mod report;
 mod spool;
 mod tree;
 
+pub use budget::TempBudget;
 pub use canonical::{canonicalize, canonicalize_async, inspect};
 pub use error::{BundleError, DeviceKind, LinkKind};
 pub use limits::{CanonicalOptions, Limits};

@@ -5,6 +5,10 @@ use std::cmp::Ordering;
 use super::error::BundleError;
 use super::limits::Limits;
 
+/// Longest path component Linux can create (`NAME_MAX`); a longer one
+/// would be accepted here and then fail to extract in every sandbox.
+const NAME_MAX: usize = 255;
+
 /// Longest name shown in an error message; hostile names can be 4 KiB+.
 const SHOWN_NAME_BYTES: usize = 256;
 
@@ -100,6 +104,13 @@ pub(crate) fn normalize(raw: &[u8], limits: &Limits) -> Result<Option<CanonPath>
         match component {
             "" | "." => continue,
             ".." => return Err(BundleError::PathTraversal { entry: entry() }),
+            c if c.len() > NAME_MAX => {
+                return Err(BundleError::NameTooLong {
+                    entry: entry(),
+                    len: c.len(),
+                    limit: NAME_MAX,
+                })
+            }
             c => {
                 depth += 1;
                 if depth > limits.depth {
@@ -150,7 +161,7 @@ mod tests {
             .map(|s| CanonPath(s.to_string()))
             .collect();
         v.sort();
-        let got: Vec<&str> = v.iter().map(|p| p.as_str()).collect();
+        let got: Vec<&str> = v.iter().map(super::CanonPath::as_str).collect();
         assert_eq!(got, ["a", "a/b", "a/b/c", "a-b", "a.b", "b"]);
     }
 

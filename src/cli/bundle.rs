@@ -146,7 +146,7 @@ fn print_error(err: &BundleError, output: OutputFormat) {
             }
         }
         OutputFormat::Text | OutputFormat::Wide | OutputFormat::Name => {
-            eprintln!("contextctl: {} ({})", err, err.code())
+            eprintln!("contextctl: {} ({})", err, err.code());
         }
     }
 }

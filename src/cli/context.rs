@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use super::pool::upstream_error;
 use super::{print_doc, ConnectionArgs, OutputFormat};
 use crate::pool::view::{Context, ContextStorage, CreateContext};
 
@@ -140,15 +141,21 @@ pub async fn run(
                     storage_class,
                 },
             };
-            let created = client.create_context(&req).await?;
+            let created = client.create_context(&req).await.map_err(upstream_error)?;
             show(&created, output)?;
         }
         ContextCommand::Get { name, namespace } => {
-            let c = client.get_context(&namespace, &name).await?;
+            let c = client
+                .get_context(&namespace, &name)
+                .await
+                .map_err(upstream_error)?;
             show(&c, output)?;
         }
         ContextCommand::Ls { namespace } => {
-            let list = client.list_contexts(&namespace).await?;
+            let list = client
+                .list_contexts(&namespace)
+                .await
+                .map_err(upstream_error)?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(&list, output)?,
                 OutputFormat::Name => list
@@ -156,12 +163,15 @@ pub async fn run(
                     .iter()
                     .for_each(|c| println!("context/{}", c.name)),
                 OutputFormat::Text | OutputFormat::Wide => {
-                    list.items.iter().for_each(|c| println!("{}", line(c)))
+                    list.items.iter().for_each(|c| println!("{}", line(c)));
                 }
             }
         }
         ContextCommand::Rm { name, namespace } => {
-            client.delete_context(&namespace, &name).await?;
+            client
+                .delete_context(&namespace, &name)
+                .await
+                .map_err(upstream_error)?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(
                     &serde_json::json!({ "deleted": format!("{namespace}/{name}") }),

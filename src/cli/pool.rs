@@ -9,6 +9,16 @@ use super::{print_doc, ConnectionArgs, OutputFormat};
 use crate::client::ClientError;
 use crate::pool::view::{CreatePool, CreateWorkspace, Pool};
 
+/// An API failure as upstream's `contextctl` prints it: the service's
+/// message alone when it sent one (`contextctl: sandbox pool not found`),
+/// else the whole error.
+pub fn upstream_error(err: ClientError) -> anyhow::Error {
+    match err {
+        ClientError::Api { body, .. } if !body.message.is_empty() => anyhow::anyhow!(body.message),
+        other => other.into(),
+    }
+}
+
 /// Environment variable with the default StorageClass of `create -c`.
 pub const STORAGE_CLASS_ENV: &str = "CS_STORAGE_CLASS";
 
@@ -235,7 +245,7 @@ pub async fn create(
 ) -> anyhow::Result<ExitCode> {
     let req = args.request()?;
     let client = conn.settings().client()?;
-    let pool = client.create_pool(&req).await?;
+    let pool = client.create_pool(&req).await.map_err(upstream_error)?;
     print_pool(&pool, format_of(output, args.json), false)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -247,7 +257,7 @@ pub async fn get(
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     let client = conn.settings().client()?;
-    let pool = client.get_pool(&args.name).await?;
+    let pool = client.get_pool(&args.name).await.map_err(upstream_error)?;
     print_pool(&pool, format_of(output, args.json), true)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -255,7 +265,7 @@ pub async fn get(
 /// Runs `contextctl ls`.
 pub async fn ls(conn: &ConnectionArgs, output: OutputFormat) -> anyhow::Result<ExitCode> {
     let client = conn.settings().client()?;
-    let list = client.list_pools().await?;
+    let list = client.list_pools().await.map_err(upstream_error)?;
     match output {
         OutputFormat::Json | OutputFormat::Yaml => print_doc(&list, output)?,
         OutputFormat::Name => list
@@ -283,10 +293,14 @@ pub async fn rm(
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     let client = conn.settings().client()?;
-    client.delete_pool(&args.name).await?;
+    // A missing pool fails (exit 1, `contextctl: sandbox pool not found`).
+    client
+        .delete_pool(&args.name)
+        .await
+        .map_err(upstream_error)?;
     match output {
         OutputFormat::Json | OutputFormat::Yaml => {
-            print_doc(&serde_json::json!({ "deleted": args.name }), output)?
+            print_doc(&serde_json::json!({ "deleted": args.name }), output)?;
         }
         OutputFormat::Name => println!("{}", pool_ref(&args.name)),
         OutputFormat::Text | OutputFormat::Wide => println!("deleted {}", args.name),
@@ -357,6 +371,7 @@ pub async fn wait(
                     Duration::from_secs(1).min(deadline.saturating_duration_since(Instant::now()));
                 tokio::time::sleep(pause).await;
             }
+            Err(e @ ClientError::Api { .. }) => return Err(upstream_error(e)),
             Err(e) => return Err(e).with_context(|| format!("waiting for {}", args.name)),
         }
     }

@@ -1,4 +1,4 @@
-//! `contextctl workload create|upload|activate|get|ls|download|rm`.
+//! `contextctl workload create|upload|activate|get|ls|download|rm|deliver|release|deliveries`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{print_doc, ConnectionArgs, OutputFormat};
 use crate::bundle::{self, CanonicalOptions, Limits};
-use crate::client::Client;
+use crate::client::deliveries::DeliverBody;
+use crate::client::{Client, ClientError};
+use crate::delivery::{RunView, SandboxOutcome, Verify};
 use crate::workload::WorkloadView;
 
 /// `contextctl workload ...`.
@@ -102,6 +104,66 @@ Examples:
         /// The workload.
         name: String,
     },
+    /// Deliver the active revision into a sandbox, or into every ready
+    /// sandbox of one of your pools, as a run.
+    #[command(after_help = "\
+Examples:
+  contextctl workload deliver docs --sandbox sandbox-team-0 --run build-1
+  contextctl workload deliver docs --pool team --run build-2 --verify full -o wide")]
+    Deliver {
+        /// The workload.
+        name: String,
+        /// The sandbox.
+        #[arg(long, conflicts_with = "pool", required_unless_present = "pool")]
+        sandbox: Option<String>,
+        /// The pool (every ready sandbox of it).
+        #[arg(long)]
+        pool: Option<String>,
+        /// The run id: lowercase letters, digits, '.', '_' and '-', at most 63.
+        #[arg(long)]
+        run: String,
+        /// How a revision already in the sandbox is verified.
+        #[arg(long, value_enum)]
+        verify: Option<VerifyArg>,
+    },
+    /// Release a run in every sandbox it reached.
+    #[command(after_help = "\
+Examples:
+  contextctl workload release docs --run build-1")]
+    Release {
+        /// The workload.
+        name: String,
+        /// The run id.
+        #[arg(long)]
+        run: String,
+    },
+    /// List the live runs of a workload and where they are.
+    #[command(after_help = "\
+Examples:
+  contextctl workload deliveries docs
+  contextctl workload deliveries docs -o name   # run/build-1, one a line")]
+    Deliveries {
+        /// The workload.
+        name: String,
+    },
+}
+
+/// `--verify` of `workload deliver`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum VerifyArg {
+    /// Paths, kinds, modes and sizes (no file is read).
+    Default,
+    /// Also the sha256 of every file.
+    Full,
+}
+
+impl From<VerifyArg> for Verify {
+    fn from(v: VerifyArg) -> Self {
+        match v {
+            VerifyArg::Default => Verify::Default,
+            VerifyArg::Full => Verify::Full,
+        }
+    }
 }
 
 /// Runs `contextctl workload`.
@@ -146,7 +208,7 @@ pub async fn run(
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
                 OutputFormat::Name => println!("workload/{}", view.name),
                 OutputFormat::Text | OutputFormat::Wide => {
-                    println!("{} {} {}", view.name, view.status, revision)
+                    println!("{} {} {}", view.name, view.status, revision);
                 }
             }
         }
@@ -210,14 +272,133 @@ pub async fn run(
             client.delete_workload(&name).await?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => {
-                    print_doc(&serde_json::json!({"name": name, "deleted": true}), output)?
+                    print_doc(&serde_json::json!({"name": name, "deleted": true}), output)?;
                 }
                 OutputFormat::Name => println!("workload/{name}"),
                 OutputFormat::Text | OutputFormat::Wide => println!("deleted {name}"),
             }
         }
+        WorkloadCommand::Deliver {
+            name,
+            sandbox,
+            pool,
+            run,
+            verify,
+        } => {
+            let body = DeliverBody {
+                run_id: run.clone(),
+                sandbox,
+                pool,
+                verify: verify.map(Verify::from),
+            };
+            match client.deliver(&name, &body).await {
+                Ok(delivered) => {
+                    show_outcomes(&delivered, &delivered.deliveries, &run, output)?;
+                }
+                Err(ClientError::DeliveryFailed { body }) => {
+                    // Every sandbox's outcome on stdout; the reason on stderr.
+                    show_outcomes(&body, &body.deliveries, &run, output)?;
+                    return Err(ClientError::DeliveryFailed { body }.into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        WorkloadCommand::Release { name, run } => {
+            client.release(&name, &run).await?;
+            match output {
+                OutputFormat::Json | OutputFormat::Yaml => {
+                    print_doc(&serde_json::json!({"runId": run, "released": true}), output)?;
+                }
+                OutputFormat::Name => println!("run/{run}"),
+                OutputFormat::Text | OutputFormat::Wide => println!("released {run}"),
+            }
+        }
+        WorkloadCommand::Deliveries { name } => {
+            let runs = client.deliveries(&name).await?;
+            match output {
+                OutputFormat::Json | OutputFormat::Yaml => {
+                    print_doc(&serde_json::json!({ "deliveries": runs }), output)?;
+                }
+                OutputFormat::Name => runs.iter().for_each(|r| println!("run/{}", r.run_id)),
+                OutputFormat::Text => print_runs(&runs, false),
+                OutputFormat::Wide => print_runs(&runs, true),
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A delivery's result (`doc`, the whole response) in `output`: one line
+/// per sandbox as text, `run/<run>` as a name.
+fn show_outcomes(
+    doc: &impl serde::Serialize,
+    outcomes: &[SandboxOutcome],
+    run: &str,
+    output: OutputFormat,
+) -> anyhow::Result<()> {
+    match output {
+        OutputFormat::Json | OutputFormat::Yaml => print_doc(doc, output)?,
+        OutputFormat::Name => println!("run/{run}"),
+        OutputFormat::Text => print_outcomes(outcomes, false),
+        OutputFormat::Wide => print_outcomes(outcomes, true),
+    }
+    Ok(())
+}
+
+/// One line per sandbox: what happened there; `wide` adds the pod.
+fn print_outcomes(outcomes: &[SandboxOutcome], wide: bool) {
+    let pod_head = if wide {
+        format!("{:<40} ", "POD")
+    } else {
+        String::new()
+    };
+    println!(
+        "{:<40} {pod_head}{:<7} {:>12} {:>8}  PATH / ERROR",
+        "SANDBOX", "RESULT", "BYTES", "MS"
+    );
+    for o in outcomes {
+        let (result, detail) = match (&o.error, o.cached, &o.path) {
+            (Some(e), _, _) => ("failed", e.clone()),
+            (None, Some(true), Some(p)) => ("cached", p.clone()),
+            (None, _, p) => ("sent", p.clone().unwrap_or_default()),
+        };
+        let pod = if wide {
+            format!("{:<40} ", o.pod.as_deref().unwrap_or("-"))
+        } else {
+            String::new()
+        };
+        println!(
+            "{:<40} {pod}{:<7} {:>12} {:>8}  {detail}",
+            o.sandbox, result, o.bytes_sent, o.duration_ms
+        );
+    }
+}
+
+/// One line per run and sandbox; `wide` shows the whole revision and the
+/// pod.
+fn print_runs(runs: &[RunView], wide: bool) {
+    if wide {
+        println!(
+            "{:<24} {:<64} {:<40} {:<40} PATH",
+            "RUN", "REVISION", "SANDBOX", "POD"
+        );
+    } else {
+        println!("{:<24} {:<14} {:<40} PATH", "RUN", "REVISION", "SANDBOX");
+    }
+    for r in runs {
+        for s in &r.sandboxes {
+            if wide {
+                let pod = s.pod.as_deref().unwrap_or("-");
+                println!(
+                    "{:<24} {:<64} {:<40} {:<40} {}",
+                    r.run_id, r.revision, s.sandbox, pod, s.path
+                );
+            } else {
+                let rev = &r.revision[..r.revision.len().min(12)];
+                println!("{:<24} {:<14} {:<40} {}", r.run_id, rev, s.sandbox, s.path);
+            }
+        }
+    }
 }
 
 /// A byte progress bar on stderr, hidden unless stderr is a terminal and

@@ -1,6 +1,7 @@
 //! Typed HTTP client for the Context Service API, used by `contextctl` and
 //! the integration tests. One module per resource adds its calls.
 
+pub mod deliveries;
 pub mod pools;
 
 use std::path::{Path, PathBuf};
@@ -25,6 +26,13 @@ pub enum ClientError {
         status: StatusCode,
         /// The `{error, message}` body.
         body: ErrorBody,
+    },
+    /// A delivery or release failed in at least one sandbox
+    /// (`502 delivery_failed`); the body has every sandbox's outcome.
+    #[error("{}: {} (delivery_failed)", StatusCode::BAD_GATEWAY, body.message)]
+    DeliveryFailed {
+        /// The `{error, message, deliveries}` body.
+        body: crate::delivery::FailedBody,
     },
     /// The service could not be reached or the transfer broke.
     #[error("cannot reach {url}: {source}")]
@@ -52,6 +60,7 @@ impl ClientError {
     pub fn code(&self) -> Option<&str> {
         match self {
             ClientError::Api { body, .. } => Some(&body.error),
+            ClientError::DeliveryFailed { body } => Some(&body.error),
             _ => None,
         }
     }
@@ -60,6 +69,7 @@ impl ClientError {
     pub fn status(&self) -> Option<StatusCode> {
         match self {
             ClientError::Api { status, .. } => Some(*status),
+            ClientError::DeliveryFailed { .. } => Some(StatusCode::BAD_GATEWAY),
             _ => None,
         }
     }

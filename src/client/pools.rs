@@ -54,7 +54,7 @@ impl Client {
             .await
     }
 
-    /// `DELETE /v1/sandbox-pools/{name}` (succeeds when there is none).
+    /// `DELETE /v1/sandbox-pools/{name}` (`404 not_found` when there is none).
     pub async fn delete_pool(&self, name: &str) -> Result<(), ClientError> {
         let path = format!("/v1/sandbox-pools/{}", path_segment(name));
         self.send(self.request(Method::DELETE, &path)).await?;

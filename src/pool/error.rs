@@ -54,6 +54,19 @@ pub enum PoolError {
     /// The name is taken.
     #[error("{}", .0.exists_message())]
     AlreadyExists(Subject),
+    /// The owner's pools would hold more sandbox replicas than the quota.
+    #[error("the quota of {quota} sandbox replicas per owner is reached: your pools hold {held} and this one asks for {asked}; delete a pool first")]
+    PoolQuotaExceeded {
+        /// The quota.
+        quota: u32,
+        /// Replicas the owner's pools hold now.
+        held: u64,
+        /// Replicas the new pool asks for.
+        asked: u32,
+    },
+    /// The owner has as many named contexts as the quota allows.
+    #[error("the quota of {0} named contexts per owner is reached; delete one first")]
+    ContextQuotaExceeded(u32),
     /// The backend cannot serve requests now. The cause is for the log.
     #[error("the sandbox backend is not reachable; see the service log")]
     NotReady(#[source] BackendError),

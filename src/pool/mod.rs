@@ -6,8 +6,10 @@
 //! - [`names`]: object names and labels every backend uses;
 //! - [`port`]: [`SandboxBackend`] and [`BackendError`], implemented by
 //!   `crate::sandbox`;
-//! - [`service`]: [`PoolService`]; [`error`]: its [`PoolError`];
 //! - [`metrics`]: pools by phase and stuck provisioning, sampled;
+//! - [`selector`]: equality-based label selectors ([`LabelSelector`]);
+//! - [`service`]: [`PoolService`] (with per-owner quotas, `quota`);
+//!   [`error`]: its [`PoolError`];
 //! - [`view`]: the JSON shapes on the wire.
 
 pub mod error;
@@ -16,6 +18,8 @@ pub mod model;
 pub mod names;
 pub mod port;
 pub mod quantity;
+mod quota;
+pub mod selector;
 pub mod service;
 pub mod validate;
 pub mod view;
@@ -26,4 +30,6 @@ pub use model::{
     PoolStatus, Strategy, WorkspaceView,
 };
 pub use port::{BackendError, SandboxBackend};
-pub use service::PoolService;
+pub use selector::LabelSelector;
+
+pub use service::{PoolQuotas, PoolService};

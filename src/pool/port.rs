@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use super::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
+use super::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
+use super::selector::LabelSelector;
 
 /// Why a backend call failed.
 #[derive(Debug, thiserror::Error)]
@@ -99,8 +100,21 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// Every named context in `namespace` (every owner), sorted by name.
     async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError>;
 
+    /// Every named context in every namespace (every owner), for the
+    /// per-owner context quota.
+    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError>;
+
     /// Deletes the named context's volume; `false` when it did not exist.
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError>;
+
+    /// Every sandbox (of any owner, in the service namespace) whose labels
+    /// match `selector`, sorted by name, with its pod and readiness. For
+    /// deliveries into sandboxes an operator designated as shared
+    /// (`--delivery-shared-selector`). The default finds none.
+    async fn list_sandboxes(&self, selector: &LabelSelector) -> Result<Vec<Member>, BackendError> {
+        let _ = selector;
+        Ok(Vec::new())
+    }
 
     /// Whether the backend can serve requests now, for `/readyz`. Local
     /// directories are always there; a cluster backend checks its API.

@@ -9,20 +9,41 @@ use std::time::Duration;
 use super::error::{PoolError, PoolResult, Subject};
 use super::model::{ContextStatus, PoolStatus};
 use super::port::{BackendError, SandboxBackend};
+use super::quota::QuotaGate;
 use super::validate::{self, CreateContextRequest, CreatePoolRequest};
 
 /// Longest a `GET ?wait=ready` may hold a request.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
 
+/// Per-owner quotas of pools and named contexts; `0` means no quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolQuotas {
+    /// Most sandbox replicas an owner's pools hold together.
+    pub replicas: u32,
+    /// Most named contexts an owner holds, across namespaces.
+    pub contexts: u32,
+}
+
+impl Default for PoolQuotas {
+    fn default() -> Self {
+        Self {
+            replicas: 100,
+            contexts: 20,
+        }
+    }
+}
+
 /// Owner-scoped access to pools and named contexts.
 ///
-/// Another owner's pool or context is answered exactly like a missing one.
-/// `DELETE` is idempotent: when the pool (or context) is gone, or belongs to
-/// someone else, the caller's goal "no such pool of mine" is met and the
-/// answer is `204` either way.
+/// Another owner's pool or context is answered exactly like a missing one,
+/// on `DELETE` too: [`PoolError::NotFound`] (`404`), as upstream and
+/// Kubernetes answer, so a second delete tells the caller it was gone.
 #[derive(Clone)]
 pub struct PoolService {
     backend: Arc<dyn SandboxBackend>,
+    quotas: PoolQuotas,
+    pool_gate: Arc<QuotaGate>,
+    context_gate: Arc<QuotaGate>,
 }
 
 impl std::fmt::Debug for PoolService {
@@ -32,9 +53,19 @@ impl std::fmt::Debug for PoolService {
 }
 
 impl PoolService {
-    /// A service over `backend`.
+    /// A service over `backend` with the default quotas.
     pub fn new(backend: Arc<dyn SandboxBackend>) -> Self {
-        Self { backend }
+        Self::with_quotas(backend, PoolQuotas::default())
+    }
+
+    /// A service over `backend` enforcing `quotas`.
+    pub fn with_quotas(backend: Arc<dyn SandboxBackend>, quotas: PoolQuotas) -> Self {
+        Self {
+            backend,
+            quotas,
+            pool_gate: Arc::new(QuotaGate::new()),
+            context_gate: Arc::new(QuotaGate::new()),
+        }
     }
 
     /// The backend (for other services, e.g. delivery into sandboxes).
@@ -62,12 +93,45 @@ impl PoolService {
         owner_scope: &str,
     ) -> PoolResult<PoolStatus> {
         let spec = validate::pool(req, owner_scope).map_err(|e| PoolError::Invalid(e.0.into()))?;
+        let reservation = match self.quotas.replicas {
+            0 => None,
+            quota => {
+                let listed = async {
+                    let pools = self.list(owner_scope).await?;
+                    Ok(pools
+                        .into_iter()
+                        .map(|p| (p.name, u64::from(p.replicas)))
+                        .collect())
+                };
+                let reserved = self
+                    .pool_gate
+                    .reserve(
+                        owner_scope,
+                        &spec.name,
+                        spec.replicas.into(),
+                        quota.into(),
+                        listed,
+                    )
+                    .await?;
+                Some(reserved.map_err(|held| PoolError::PoolQuotaExceeded {
+                    quota,
+                    held,
+                    asked: spec.replicas,
+                })?)
+            }
+        };
         let backend = self.backend.clone();
         let kind = spec.strategy.kind();
         let name = spec.name.clone();
         let doing = format!("create sandbox pool {name} ({kind})");
+        // The reservation is released by the detached task, when the
+        // backend is done, even if the client left.
         let status = detached(Subject::Pool, doing, async move {
-            backend.create_pool(&spec).await
+            let created = backend.create_pool(&spec).await;
+            if let Some(r) = reservation {
+                r.release().await;
+            }
+            created
         })
         .await?;
         tracing::info!(pool = %name, strategy = kind, replicas = status.replicas, "sandbox pool created");
@@ -124,20 +188,24 @@ impl PoolService {
         self.backend.list_pools().await
     }
 
-    /// Deletes the caller's pool `name`; `Ok` also when there is none.
+    /// Deletes the caller's pool `name`; [`PoolError::NotFound`] when the
+    /// caller has none (also when a concurrent delete removed it first).
     pub async fn delete(&self, name: &str, owner_scope: &str) -> PoolResult<()> {
         if self.owned(name, owner_scope).await?.is_none() {
-            return Ok(());
+            return Err(PoolError::NotFound(Subject::Pool));
         }
         let backend = self.backend.clone();
         let owned_name = name.to_owned();
         // Like creation, a started deletion finishes even if the client leaves.
-        detached(
+        let deleted = detached(
             Subject::Pool,
             format!("delete sandbox pool {name}"),
             async move { backend.delete_pool(&owned_name).await },
         )
         .await?;
+        if !deleted {
+            return Err(PoolError::NotFound(Subject::Pool));
+        }
         tracing::info!(pool = %name, "sandbox pool deleted");
         Ok(())
     }
@@ -150,10 +218,35 @@ impl PoolService {
     ) -> PoolResult<ContextStatus> {
         let spec =
             validate::context(req, owner_scope).map_err(|e| PoolError::Invalid(e.0.into()))?;
+        let reservation = match self.quotas.contexts {
+            0 => None,
+            quota => {
+                let listed = async {
+                    let all = self.backend.list_all_contexts().await.map_err(|e| {
+                        PoolError::from_backend(e, Subject::Context, "list contexts".to_owned())
+                    })?;
+                    Ok(all
+                        .into_iter()
+                        .filter(|c| c.owner_scope == owner_scope)
+                        .map(|c| (format!("{}/{}", c.namespace, c.name), 1))
+                        .collect())
+                };
+                let key = format!("{}/{}", spec.namespace, spec.name);
+                let reserved = self
+                    .context_gate
+                    .reserve(owner_scope, &key, 1, quota.into(), listed)
+                    .await?;
+                Some(reserved.map_err(|_| PoolError::ContextQuotaExceeded(quota))?)
+            }
+        };
         let backend = self.backend.clone();
         let doing = format!("create context {}/{}", spec.namespace, spec.name);
         detached(Subject::Context, doing, async move {
-            backend.create_context(&spec).await
+            let created = backend.create_context(&spec).await;
+            if let Some(r) = reservation {
+                r.release().await;
+            }
+            created
         })
         .await
     }
@@ -188,7 +281,8 @@ impl PoolService {
         Ok(items)
     }
 
-    /// Deletes the caller's named context; `Ok` also when there is none.
+    /// Deletes the caller's named context; [`PoolError::NotFound`] when the
+    /// caller has none.
     pub async fn delete_context(
         &self,
         namespace: &str,
@@ -200,15 +294,18 @@ impl PoolService {
             .await?
             .is_none()
         {
-            return Ok(());
+            return Err(PoolError::NotFound(Subject::Context));
         }
         let backend = self.backend.clone();
         let (ns, n) = (namespace.to_owned(), name.to_owned());
         let doing = format!("delete context {namespace}/{name}");
-        detached(Subject::Context, doing, async move {
+        let deleted = detached(Subject::Context, doing, async move {
             backend.delete_context(&ns, &n).await
         })
         .await?;
+        if !deleted {
+            return Err(PoolError::NotFound(Subject::Context));
+        }
         Ok(())
     }
 
@@ -321,6 +418,9 @@ mod tests {
         async fn list_contexts(&self, _: &str) -> Result<Vec<ContextStatus>, BackendError> {
             Ok(Vec::new())
         }
+        async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+            Ok(Vec::new())
+        }
         async fn delete_context(&self, _: &str, _: &str) -> Result<bool, BackendError> {
             Ok(false)
         }
@@ -390,10 +490,13 @@ mod tests {
         let err = service.create_context(&ctx, "o").await.unwrap_err();
         assert!(matches!(err, PoolError::AlreadyExists(Subject::Context)));
         assert_eq!(err.to_string(), CONTEXT_EXISTS);
-        // Missing and invalid names are simply absent; delete is idempotent.
+        // Missing and invalid names are simply absent, for delete too.
         let err = service.get("Not_A_Name", "o").await.unwrap_err();
         assert!(matches!(err, PoolError::NotFound(Subject::Pool)));
         assert_eq!(err.to_string(), POOL_NOT_FOUND);
-        service.delete("p", "o").await.unwrap();
+        let err = service.delete("p", "o").await.unwrap_err();
+        assert!(matches!(err, PoolError::NotFound(Subject::Pool)));
+        let err = service.delete_context("ns", "c", "o").await.unwrap_err();
+        assert!(matches!(err, PoolError::NotFound(Subject::Context)));
     }
 }

@@ -1,11 +1,14 @@
 //! The JSON documents of the pool and context API, field for field as the
 //! upstream Go service writes them (plus `reason`, `message` and
-//! `sandboxes`). Used by the API to answer and by the client to decode.
+//! `sandboxes`), sizes in the canonical form the Kubernetes API server
+//! stores ([`quantity::canonical`]). Used by the API to answer and by the
+//! client to decode.
 
 use serde::{Deserialize, Serialize};
 
 use super::model::{ContextStatus, PoolStatus};
 use super::names;
+use super::quantity;
 
 /// A sandbox pool (`GET /v1/sandbox-pools/{name}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,7 +89,8 @@ impl From<&PoolStatus> for Pool {
             sandbox_selector: names::selector(&s.name),
             warm_pool_ref: s.strategy.warm_pool_ref().map(str::to_owned),
             workspace: PoolWorkspace {
-                size: s.workspace.size.clone(),
+                // As the Kubernetes API server stores it, on every backend.
+                size: quantity::canonical_or_same(&s.workspace.size),
                 access_mode: s.workspace.access_mode.clone(),
                 storage_class: s.workspace.storage_class.clone().filter(|c| !c.is_empty()),
                 claim_name: s.workspace.claim_name.clone().filter(|c| !c.is_empty()),
@@ -217,7 +221,7 @@ impl From<&ContextStatus> for Context {
             status: s.phase.as_str().to_owned(),
             storage: ContextStorage {
                 backend: "pvc".to_owned(),
-                size: s.size.clone(),
+                size: quantity::canonical_or_same(&s.size),
                 access_mode: s.access_mode.clone(),
                 storage_class: s.storage_class.clone().filter(|c| !c.is_empty()),
             },

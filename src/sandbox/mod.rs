@@ -1,7 +1,8 @@
 //! Sandbox backends: where pools and named contexts really live.
 //!
 //! Two implementations of the pool domain's port,
-//! [`crate::pool::SandboxBackend`]: `local` (the embedded default:
+//! [`crate::pool::SandboxBackend`] (and of the delivery exec port,
+//! [`crate::delivery::SandboxExec`]): `local` (the embedded default:
 //! directories under the data dir) and `kube` (agent-sandbox CRDs and PVCs
 //! in a Kubernetes namespace). Backends know nothing about owners beyond
 //! recording and reporting [`crate::pool::PoolSpec::owner_scope`]; the pool
@@ -12,6 +13,7 @@ pub mod local;
 
 use std::sync::Arc;
 
+use crate::delivery::SandboxExec;
 use crate::pool::SandboxBackend;
 
 /// Which backend to open, with its settings (built by the application from
@@ -24,15 +26,38 @@ pub enum SandboxSettings {
     Kube(kube::KubeSettings),
 }
 
+/// An opened backend: the pool domain's port, and the delivery exec port
+/// where the backend implements it.
+pub struct OpenedBackend {
+    /// Pools and named contexts.
+    pub pools: Arc<dyn SandboxBackend>,
+    /// Runs commands in sandboxes (`None`: deliveries are not available).
+    pub exec: Option<Arc<dyn SandboxExec>>,
+}
+
 /// Opens the backend `settings` select; a `kube` backend starts its watch
 /// caches here.
-pub async fn open(settings: SandboxSettings) -> anyhow::Result<Arc<dyn SandboxBackend>> {
+pub async fn open(settings: SandboxSettings) -> anyhow::Result<OpenedBackend> {
     match settings {
-        SandboxSettings::Local(settings) => Ok(Arc::new(local::LocalBackend::open(settings)?)),
+        SandboxSettings::Local(settings) => {
+            let backend = Arc::new(local::LocalBackend::open(settings)?);
+            Ok(OpenedBackend {
+                pools: backend.clone(),
+                exec: Some(backend),
+            })
+        }
         SandboxSettings::Kube(settings) => {
             let backend = kube::KubeBackend::try_default(settings).await?;
             backend.start_watchers();
-            Ok(Arc::new(backend))
+            let exec = kube::exec::KubeExec::new(
+                backend.client().clone(),
+                &backend.settings().namespace,
+                backend.settings().delivery_container.clone(),
+            );
+            Ok(OpenedBackend {
+                pools: Arc::new(backend),
+                exec: Some(Arc::new(exec)),
+            })
         }
     }
 }

@@ -1,15 +1,18 @@
 //! The embedded store: workload metadata in a transactional database behind
 //! the [`MetadataStore`] trait (so another backend can be added later), and
-//! bundle bytes in a content-addressed [`BlobStore`].
+//! bundle bytes in a content-addressed [`BlobStore`]. The same database
+//! holds the delivery run registry ([`RunStore`]).
 //!
 //! Write order makes crashes harmless: a blob is durable (fsync + rename +
 //! directory fsync) before any metadata that names it commits.
 
 mod blob;
 mod redb_store;
+mod runs;
 
 pub use blob::{is_digest, BlobStore, TempBlob};
 pub use redb_store::RedbStore;
+pub use runs::{RunRecord, RunSandbox, RunStore};
 
 use serde::{Deserialize, Serialize};
 
@@ -113,6 +116,21 @@ pub struct GrantRecord {
     pub expires_at_ms: u64,
 }
 
+/// Schema version of records whose owners carry their kind (`sub:<sub>`,
+/// `user:<id>`). Version 1 (no version recorded) stored bare owners.
+pub const SCHEMA_OWNER_KINDS: u64 = 2;
+
+/// What an owner migration rewrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerMigration {
+    /// The schema version found.
+    pub from_version: u64,
+    /// Workload records re-keyed.
+    pub workloads: usize,
+    /// Grants rewritten.
+    pub grants: usize,
+}
+
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -185,4 +203,14 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
 
     /// Removes grants that expired before `now_ms`; returns how many.
     fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError>;
+
+    /// Brings records older than schema `version` to it in one
+    /// transaction: every owner (of workloads, their keys, and grants)
+    /// becomes `map(owner)`, then `version` is recorded. `None` when the
+    /// records were at `version` already (so running it again is a no-op).
+    fn migrate_owners(
+        &self,
+        version: u64,
+        map: &dyn Fn(&str) -> String,
+    ) -> Result<Option<OwnerMigration>, StoreError>;
 }

@@ -2,14 +2,23 @@
 
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
-use super::{GrantRecord, MetadataStore, StoreError, WorkloadRecord};
+use super::{
+    GrantRecord, MetadataStore, OwnerMigration, RunRecord, RunStore, StoreError, WorkloadRecord,
+    SCHEMA_OWNER_KINDS,
+};
+use crate::fsutil;
 
 /// Workloads by [`workload_key`]; values are JSON records.
 const WORKLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("workloads");
 /// Grants by public id; values are JSON records.
 const GRANTS: TableDefinition<&str, &[u8]> = TableDefinition::new("grants");
+/// Delivery runs by [`run_key`]; values are JSON records.
+const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery_runs");
+/// Store-wide facts; [`SCHEMA_KEY`] is the records' schema version.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const SCHEMA_KEY: &str = "schema_version";
 
 /// The redb-backed metadata store.
 #[derive(Debug)]
@@ -31,6 +40,16 @@ fn workload_key(owner: &str, name: &str) -> String {
     format!("{}/{name}", owner_prefix(owner))
 }
 
+/// Prefix of the keys of the owner's runs of `workload` (a workload name
+/// holds no `/`).
+fn runs_prefix(owner: &str, workload: &str) -> String {
+    format!("{}/{workload}/", owner_prefix(owner))
+}
+
+fn run_key(owner: &str, workload: &str, run_id: &str) -> String {
+    format!("{}{run_id}", runs_prefix(owner, workload))
+}
+
 fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         key: key.to_owned(),
@@ -45,13 +64,41 @@ fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
 impl RedbStore {
     /// Opens (or creates) the database file at `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        // redb would create the file with the umask's permissions: create
+        // it (or narrow it) first; redb initialises an empty file.
+        fsutil::open_private(path)
+            .map_err(|e| StoreError::Database(format!("opening {}: {e}", path.display())))?;
         let db = Database::create(path).map_err(db_err)?;
         // Create the tables up front so read transactions never miss them.
         let txn = db.begin_write().map_err(db_err)?;
+        let fresh = !txn
+            .list_tables()
+            .map_err(db_err)?
+            .any(|t| t.name() == WORKLOADS.name());
         txn.open_table(WORKLOADS).map_err(db_err)?;
         txn.open_table(GRANTS).map_err(db_err)?;
+        txn.open_table(RUNS).map_err(db_err)?;
+        {
+            let mut meta = txn.open_table(META).map_err(db_err)?;
+            // A new database starts at the current schema; an existing one
+            // without a version is version 1 until migrated.
+            if fresh {
+                meta.insert(SCHEMA_KEY, SCHEMA_OWNER_KINDS)
+                    .map_err(db_err)?;
+            }
+        }
         txn.commit().map_err(db_err)?;
         Ok(Self { db })
+    }
+
+    /// The records' schema version (1 when none is recorded).
+    pub fn schema_version(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let meta = txn.open_table(META).map_err(db_err)?;
+        Ok(meta
+            .get(SCHEMA_KEY)
+            .map_err(db_err)?
+            .map_or(1, |v| v.value()))
     }
 
     fn scan(&self, prefix: &str) -> Result<Vec<WorkloadRecord>, StoreError> {
@@ -199,6 +246,59 @@ impl MetadataStore for RedbStore {
         value.map(|v| decode(id, v.value())).transpose()
     }
 
+    fn migrate_owners(
+        &self,
+        version: u64,
+        map: &dyn Fn(&str) -> String,
+    ) -> Result<Option<OwnerMigration>, StoreError> {
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let mut done = OwnerMigration::default();
+        {
+            let mut meta = txn.open_table(META).map_err(db_err)?;
+            let current = meta
+                .get(SCHEMA_KEY)
+                .map_err(db_err)?
+                .map_or(1, |v| v.value());
+            if current >= version {
+                return Ok(None);
+            }
+            done.from_version = current;
+            let mut table = txn.open_table(WORKLOADS).map_err(db_err)?;
+            let mut records = Vec::new();
+            for item in table.iter().map_err(db_err)? {
+                let (k, v) = item.map_err(db_err)?;
+                let record: WorkloadRecord = decode(k.value(), v.value())?;
+                records.push((k.value().to_owned(), record));
+            }
+            for (old_key, mut record) in records {
+                table.remove(old_key.as_str()).map_err(db_err)?;
+                record.owner = map(&record.owner);
+                let key = workload_key(&record.owner, &record.name);
+                table
+                    .insert(key.as_str(), encode(&record)?.as_slice())
+                    .map_err(db_err)?;
+                done.workloads += 1;
+            }
+            let mut grants = txn.open_table(GRANTS).map_err(db_err)?;
+            let mut rewritten = Vec::new();
+            for item in grants.iter().map_err(db_err)? {
+                let (k, v) = item.map_err(db_err)?;
+                let mut grant: GrantRecord = decode(k.value(), v.value())?;
+                grant.owner = map(&grant.owner);
+                rewritten.push(grant);
+            }
+            for grant in rewritten {
+                grants
+                    .insert(grant.id.as_str(), encode(&grant)?.as_slice())
+                    .map_err(db_err)?;
+                done.grants += 1;
+            }
+            meta.insert(SCHEMA_KEY, version).map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)?;
+        Ok(Some(done))
+    }
+
     fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError> {
         let txn = self.db.begin_write().map_err(db_err)?;
         let mut removed = 0usize;
@@ -218,6 +318,109 @@ impl MetadataStore for RedbStore {
         }
         txn.commit().map_err(db_err)?;
         Ok(removed)
+    }
+}
+
+impl RunStore for RedbStore {
+    fn run(
+        &self,
+        owner: &str,
+        workload: &str,
+        run_id: &str,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let key = run_key(owner, workload, run_id);
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(RUNS).map_err(db_err)?;
+        let value = table.get(key.as_str()).map_err(db_err)?;
+        value.map(|v| decode(&key, v.value())).transpose()
+    }
+
+    fn runs_of(&self, owner: &str, workload: &str) -> Result<Vec<RunRecord>, StoreError> {
+        let prefix = runs_prefix(owner, workload);
+        let txn = self.db.begin_read().map_err(db_err)?;
+        let table = txn.open_table(RUNS).map_err(db_err)?;
+        let mut out = Vec::new();
+        for item in table.range::<&str>(prefix.as_str()..).map_err(db_err)? {
+            let (k, v) = item.map_err(db_err)?;
+            if !k.value().starts_with(prefix.as_str()) {
+                break;
+            }
+            out.push(decode(k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn add_to_run(&self, run: &RunRecord) -> Result<RunRecord, StoreError> {
+        let key = run_key(&run.owner, &run.workload, &run.run_id);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let stored = {
+            let mut table = txn.open_table(RUNS).map_err(db_err)?;
+            let current: Option<RunRecord> = table
+                .get(key.as_str())
+                .map_err(db_err)?
+                .map(|v| decode(&key, v.value()))
+                .transpose()?;
+            let stored = match current {
+                Some(c) if c.revision != run.revision || c.scope != run.scope => {
+                    return Err(StoreError::Conflict)
+                }
+                Some(mut c) => {
+                    for s in &run.sandboxes {
+                        c.sandboxes.retain(|old| old.sandbox != s.sandbox);
+                        c.sandboxes.push(s.clone());
+                    }
+                    c.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
+                    c
+                }
+                None => {
+                    let mut c = run.clone();
+                    c.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
+                    c
+                }
+            };
+            table
+                .insert(key.as_str(), encode(&stored)?.as_slice())
+                .map_err(db_err)?;
+            stored
+        };
+        txn.commit().map_err(db_err)?;
+        Ok(stored)
+    }
+
+    fn remove_from_run(
+        &self,
+        owner: &str,
+        workload: &str,
+        run_id: &str,
+        sandboxes: &[String],
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let key = run_key(owner, workload, run_id);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let left = {
+            let mut table = txn.open_table(RUNS).map_err(db_err)?;
+            let current: Option<RunRecord> = table
+                .get(key.as_str())
+                .map_err(db_err)?
+                .map(|v| decode(&key, v.value()))
+                .transpose()?;
+            match current {
+                None => None,
+                Some(mut c) => {
+                    c.sandboxes.retain(|s| !sandboxes.contains(&s.sandbox));
+                    if c.sandboxes.is_empty() {
+                        table.remove(key.as_str()).map_err(db_err)?;
+                        None
+                    } else {
+                        table
+                            .insert(key.as_str(), encode(&c)?.as_slice())
+                            .map_err(db_err)?;
+                        Some(c)
+                    }
+                }
+            }
+        };
+        txn.commit().map_err(db_err)?;
+        Ok(left)
     }
 }
 
@@ -319,6 +522,48 @@ mod tests {
     }
 
     #[test]
+    fn owners_migrate_once_with_their_keys_and_grants() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            assert_eq!(store.schema_version().unwrap(), SCHEMA_OWNER_KINDS);
+            // Pretend a version-1 store: bare owners, no version recorded.
+            let r = record("alice", "w");
+            store.insert_workload(&r, &grant("g", &r, 50), 20).unwrap();
+            let txn = store.db.begin_write().unwrap();
+            txn.open_table(META).unwrap().remove(SCHEMA_KEY).unwrap();
+            txn.commit().unwrap();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), 1);
+        let map = |o: &str| format!("sub:{o}");
+        let done = store.migrate_owners(SCHEMA_OWNER_KINDS, &map).unwrap();
+        assert_eq!(
+            done,
+            Some(OwnerMigration {
+                from_version: 1,
+                workloads: 1,
+                grants: 1
+            })
+        );
+        assert!(store.workload("alice", "w").unwrap().is_none());
+        let migrated = store.workload("sub:alice", "w").unwrap().unwrap();
+        assert_eq!(
+            (migrated.owner.as_str(), migrated.version),
+            ("sub:alice", 1)
+        );
+        assert_eq!(store.grant("g").unwrap().unwrap().owner, "sub:alice");
+        // Again: nothing to do, nothing prefixed twice.
+        assert_eq!(
+            store.migrate_owners(SCHEMA_OWNER_KINDS, &map).unwrap(),
+            None
+        );
+        assert_eq!(store.workloads_of("sub:alice").unwrap().len(), 1);
+        assert_eq!(store.schema_version().unwrap(), SCHEMA_OWNER_KINDS);
+    }
+
+    #[test]
     fn expired_grants_are_purged_and_data_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
@@ -333,5 +578,77 @@ mod tests {
         assert!(store.grant("old").unwrap().is_none());
         assert!(store.grant("new").unwrap().is_some());
         assert_eq!(store.workload("o", "w").unwrap().unwrap().version, 1);
+    }
+
+    fn run(owner: &str, workload: &str, id: &str, sandboxes: &[&str]) -> RunRecord {
+        RunRecord {
+            owner: owner.into(),
+            workload: workload.into(),
+            run_id: id.into(),
+            revision: "r".repeat(64),
+            scope: "s".repeat(32),
+            sandboxes: sandboxes
+                .iter()
+                .map(|s| crate::store::RunSandbox {
+                    sandbox: (*s).into(),
+                    pod: None,
+                    root: ".context".into(),
+                    path: format!("/x/{s}/{id}"),
+                })
+                .collect(),
+            created_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn runs_merge_conflict_shrink_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            store.add_to_run(&run("o", "w", "a", &["s2"])).unwrap();
+            let merged = store
+                .add_to_run(&run("o", "w", "a", &["s1", "s2"]))
+                .unwrap();
+            let names: Vec<_> = merged
+                .sandboxes
+                .iter()
+                .map(|s| s.sandbox.as_str())
+                .collect();
+            assert_eq!(names, ["s1", "s2"]);
+            let mut other = run("o", "w", "a", &["s3"]);
+            other.revision = "q".repeat(64);
+            assert!(matches!(
+                store.add_to_run(&other),
+                Err(StoreError::Conflict)
+            ));
+            // Same run id for another owner or workload: separate runs.
+            store.add_to_run(&run("o2", "w", "a", &["s1"])).unwrap();
+            store.add_to_run(&run("o", "w2", "a", &["s1"])).unwrap();
+            store.add_to_run(&run("o", "w", "b", &["s1"])).unwrap();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        let ids: Vec<_> = store
+            .runs_of("o", "w")
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+        let left = store
+            .remove_from_run("o", "w", "a", &["s1".into()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(left.sandboxes.len(), 1);
+        assert!(store
+            .remove_from_run("o", "w", "a", &["s2".into()])
+            .unwrap()
+            .is_none());
+        assert!(store.run("o", "w", "a").unwrap().is_none());
+        assert!(store.run("o2", "w", "a").unwrap().is_some());
+        assert!(store
+            .remove_from_run("o", "w", "zz", &[])
+            .unwrap()
+            .is_none());
     }
 }

@@ -46,6 +46,16 @@ pub enum WorkloadError {
     /// The bundle engine refused the upload.
     #[error("bundle rejected: {0}")]
     Bundle(#[source] BundleError),
+    /// Too many uploads are running, for the owner or the service; the
+    /// text says which.
+    #[error("{0}")]
+    TooManyUploads(String),
+    /// Another upload is using the same grant.
+    #[error("another upload is using this upload grant; wait for it to finish")]
+    UploadInProgress,
+    /// The temporary space uploads share is in use.
+    #[error("{0}")]
+    TempSpaceExhausted(String),
     /// The upload exceeded the size limit.
     #[error("{0}")]
     TooLarge(String),

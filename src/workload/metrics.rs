@@ -1,5 +1,5 @@
-//! Prometheus metrics of the gateway: uploads, bundle rejections by reason,
-//! downloads by source, and the cache's memory.
+//! Prometheus metrics of the gateway: uploads (accepted and running), bundle
+//! rejections by reason, downloads by source, and the cache's memory.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -11,14 +11,14 @@ use crate::cache::CacheStats;
 
 /// Label of a rejected upload.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
+pub(super) struct ReasonLabels {
     /// The inspector's reason code, or `upload_too_large`.
     pub reason: String,
 }
 
 /// Label of a download.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabels {
+pub(super) struct SourceLabels {
     /// `memory` (cache hit or load) or `disk` (streamed from the blob).
     pub source: String,
 }
@@ -33,6 +33,7 @@ pub struct WorkloadMetrics {
     cache_bytes: Gauge,
     cache_hits: Gauge,
     cache_loads: Gauge,
+    uploads_running: Gauge,
 }
 
 impl WorkloadMetrics {
@@ -54,6 +55,11 @@ impl WorkloadMetrics {
             self.downloads.clone(),
         );
         registry.register(
+            "uploads_running",
+            "Uploads admitted and not finished (each holds a blocking thread)",
+            self.uploads_running.clone(),
+        );
+        registry.register(
             "bundle_cache_resident_bytes",
             "Bundle bytes in memory, including evicted bundles still streaming",
             self.cache_resident_bytes.clone(),
@@ -73,6 +79,11 @@ impl WorkloadMetrics {
             "Bundles loaded from disk into the cache (since start)",
             self.cache_loads.clone(),
         );
+    }
+
+    /// The gauge of running uploads (shared handle).
+    pub(super) fn uploads_running(&self) -> Gauge {
+        self.uploads_running.clone()
     }
 
     pub(super) fn uploaded(&self) {

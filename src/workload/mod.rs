@@ -11,9 +11,11 @@
 //! same bytes is never collected between its rename and its commit.
 //!
 //! One concern per file: [`service`] holds the type and its CRUD, `grants`
-//! who may upload, `upload` the upload path, `recovery` blob collection and
+//! who may upload, `admission` how many uploads run at once, `upload` the
+//! upload path, `recovery` blob collection and
 //! start-up recovery.
 
+mod admission;
 mod error;
 mod grants;
 mod metrics;
@@ -23,11 +25,12 @@ mod service;
 mod upload;
 mod view;
 
+pub use admission::{UploadLimits, MAX_CONCURRENT_UPLOADS, UPLOAD_RETRY_AFTER_SECS};
 pub use error::WorkloadError;
 pub use grants::UploadTicket;
 pub use metrics::WorkloadMetrics;
 pub use recovery::RecoveryReport;
-pub use service::{CreateWorkload, WorkloadService, WorkloadSettings};
+pub use service::{CreateWorkload, WorkloadService, WorkloadSettings, DEFAULT_UPLOAD_TEMP_BYTES};
 pub use upload::BodyStream;
 pub use view::{rfc3339, RevisionView, UploadGrantView, WorkloadView, BUNDLE_MEDIA_TYPE};
 

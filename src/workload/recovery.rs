@@ -28,7 +28,9 @@ impl Inner {
     /// Takes the `gc` lock (a poisoned lock guards no data, so it is taken
     /// anyway).
     pub(super) fn lock_gc(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.gc.lock().unwrap_or_else(|p| p.into_inner())
+        self.gc
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Digests of the blobs some record names.

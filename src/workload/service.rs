@@ -9,13 +9,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
+use super::admission::{UploadGate, UploadLimits};
 use super::names;
 use super::{RecoveryReport, WorkloadError, WorkloadMetrics, WorkloadView};
-use crate::bundle::Limits;
+use crate::bundle::{Limits, TempBudget};
 use crate::cache::{BundleCache, CachedBundle};
 use crate::fsutil;
 use crate::store::{
-    BlobStore, MetadataStore, RedbStore, RevisionRecord, StoreError, WorkloadRecord, WorkloadStatus,
+    BlobStore, MetadataStore, OwnerMigration, RedbStore, RevisionRecord, RunStore, StoreError,
+    WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
 };
 
 /// Tunables of the workload service.
@@ -27,7 +29,14 @@ pub struct WorkloadSettings {
     pub grant_ttl: Duration,
     /// Bundle limits.
     pub limits: Limits,
+    /// How many uploads run at once.
+    pub uploads: UploadLimits,
+    /// Temporary disk all running uploads may hold together, in bytes.
+    pub upload_temp_bytes: u64,
 }
+
+/// Default of [`WorkloadSettings::upload_temp_bytes`]: 4 GiB.
+pub const DEFAULT_UPLOAD_TEMP_BYTES: u64 = 4 << 30;
 
 impl Default for WorkloadSettings {
     fn default() -> Self {
@@ -35,6 +44,8 @@ impl Default for WorkloadSettings {
             quota: 20,
             grant_ttl: Duration::from_secs(300),
             limits: Limits::default(),
+            uploads: UploadLimits::default(),
+            upload_temp_bytes: DEFAULT_UPLOAD_TEMP_BYTES,
         }
     }
 }
@@ -59,11 +70,17 @@ pub struct WorkloadService {
 #[derive(Debug)]
 pub(super) struct Inner {
     pub(super) store: Arc<dyn MetadataStore>,
+    /// The delivery run registry, in the same database.
+    pub(super) runs: Arc<dyn RunStore>,
     pub(super) blobs: BlobStore,
     pub(super) cache: Arc<BundleCache>,
     pub(super) settings: WorkloadSettings,
     pub(super) spool_dir: PathBuf,
     pub(super) metrics: WorkloadMetrics,
+    /// Admits uploads.
+    pub(super) uploads: Arc<UploadGate>,
+    /// Temporary disk of running uploads.
+    pub(super) temp_budget: TempBudget,
     /// Held while a blob is made durable and named, and while unnamed blobs
     /// are collected.
     pub(super) gc: Mutex<()>,
@@ -110,18 +127,22 @@ impl WorkloadService {
         blocking(move || {
             let store_dir = data_dir.join("store");
             fsutil::ensure_dir(&store_dir, 0o700)?;
-            let store = RedbStore::open(&store_dir.join("meta.redb"))?;
+            let store = Arc::new(RedbStore::open(&store_dir.join("meta.redb"))?);
             let blobs = BlobStore::open(&data_dir.join("blobs"))?;
             let spool_dir = data_dir.join("tmp");
             fsutil::ensure_dir(&spool_dir, 0o700)?;
+            let metrics = WorkloadMetrics::default();
             let service = Self {
                 inner: Arc::new(Inner {
-                    store: Arc::new(store),
+                    store: store.clone(),
+                    runs: store,
                     blobs,
                     cache,
+                    uploads: Arc::new(UploadGate::new(settings.uploads, metrics.uploads_running())),
+                    temp_budget: TempBudget::new(settings.upload_temp_bytes),
                     settings,
                     spool_dir,
-                    metrics: WorkloadMetrics::default(),
+                    metrics,
                     gc: Mutex::new(()),
                 }),
             };
@@ -129,6 +150,18 @@ impl WorkloadService {
             Ok((service, report))
         })
         .await
+    }
+
+    /// Brings stored owners to the current schema (see
+    /// [`MetadataStore::migrate_owners`]): each owner recorded before
+    /// owners had kinds becomes `legacy(owner)`. Idempotent; `None` when
+    /// there was nothing to do. Run before serving.
+    pub async fn migrate_owners(
+        &self,
+        legacy: fn(&str) -> String,
+    ) -> Result<Option<OwnerMigration>, WorkloadError> {
+        let store = self.inner.store.clone();
+        blocking(move || Ok(store.migrate_owners(SCHEMA_OWNER_KINDS, &legacy)?)).await
     }
 
     /// The settings in force.
@@ -141,9 +174,20 @@ impl WorkloadService {
         &self.inner.metrics
     }
 
+    /// The delivery run registry, kept in the workload database (one file,
+    /// one writer) for the delivery service.
+    pub fn run_store(&self) -> Arc<dyn RunStore> {
+        self.inner.runs.clone()
+    }
+
     /// The bundle cache.
     pub fn cache(&self) -> &Arc<BundleCache> {
         &self.inner.cache
+    }
+
+    /// The temporary disk budget of uploads (its use and peak).
+    pub fn temp_budget(&self) -> &TempBudget {
+        &self.inner.temp_budget
     }
 
     /// Creates a workload for `owner` and its first upload grant.

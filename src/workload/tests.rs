@@ -24,7 +24,7 @@ fn tgz(files: &[(&str, &[u8])]) -> Vec<u8> {
     }
     builder
         .into_inner()
-        .and_then(|gz| gz.finish())
+        .and_then(flate2::write::GzEncoder::finish)
         .expect("finish")
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
+use tokio_util::io::SyncIoBridge;
 
 use super::service::{blocking, now_ms, Inner};
 use super::{RevisionView, UploadTicket, WorkloadError, WorkloadService};
@@ -19,13 +20,19 @@ pub type BodyStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
 
 impl WorkloadService {
     /// Streams `body` through the bundle engine into a new candidate
-    /// revision. Nothing of a refused upload stays on disk, and a refused
-    /// upload leaves its grant usable.
+    /// revision, once admitted (see `admission`). Nothing of a refused
+    /// upload stays on disk, and a refused upload leaves its grant usable.
     pub async fn upload(
         &self,
         ticket: UploadTicket,
         body: BodyStream,
     ) -> Result<RevisionView, WorkloadError> {
+        // Before a byte of the body is read.
+        let permit = self.inner.uploads.admit(&ticket).inspect_err(|e| {
+            if let WorkloadError::TooManyUploads(_) = e {
+                self.inner.metrics.rejected("too_many_uploads");
+            }
+        })?;
         let limits = self.inner.settings.limits.clone();
         let max = limits.compressed_bytes;
         let over = Arc::new(AtomicBool::new(false));
@@ -41,14 +48,23 @@ impl WorkloadService {
             }
             Ok(chunk)
         });
-        let reader = tokio_util::io::StreamReader::new(Box::pin(counted));
+        let reader = SyncIoBridge::new(tokio_util::io::StreamReader::new(Box::pin(counted)));
         let temp = self.inner.blobs.temp()?;
         let out = temp.writer()?;
         let opts = CanonicalOptions {
             temp_dir: Some(self.inner.spool_dir.clone()),
+            temp_budget: Some(self.inner.temp_budget.clone()),
             ..CanonicalOptions::default()
         };
-        let result = bundle::canonicalize_async(reader, limits, opts, out).await;
+        // The permit moves into the blocking task: if the client goes away,
+        // the upload's place stays taken until its thread is really done.
+        let task = tokio::task::spawn_blocking(move || {
+            let result = bundle::canonicalize(reader, &limits, &opts, out);
+            (result, permit)
+        });
+        let (result, permit) = task
+            .await
+            .map_err(|e| WorkloadError::Internal(format!("upload task failed: {e}")))?;
         let report = match result {
             Ok(r) => r,
             Err(_) if over.load(Ordering::Acquire) => {
@@ -82,18 +98,25 @@ impl WorkloadService {
         let inner = self.inner.clone();
         let stored = revision.clone();
         blocking(move || inner.commit_upload(&ticket, temp, stored)).await?;
+        // One upload per grant until the commit is done.
+        drop(permit);
         self.inner.metrics.uploaded();
         Ok(RevisionView::of(&name, &revision))
     }
 }
 
-/// Maps an engine error to the API's classes.
+/// Maps an engine error to the API's classes. Only the compressed size is
+/// `TooLarge` (`upload_too_large`); the other size limits keep their own
+/// reason (`inflated_too_large`, ...) as a bundle rejection.
 fn classify_bundle_error(e: BundleError) -> WorkloadError {
-    if e.is_too_large() {
+    if matches!(e, BundleError::CompressedTooLarge { .. }) {
         return WorkloadError::TooLarge(e.to_string());
     }
     if e.is_rejection() {
         return WorkloadError::Bundle(e);
+    }
+    if let BundleError::TempSpaceExhausted { .. } = e {
+        return WorkloadError::TempSpaceExhausted(e.to_string());
     }
     match e {
         BundleError::Io { .. } => WorkloadError::UploadBroken(e.to_string()),

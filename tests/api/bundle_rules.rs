@@ -363,6 +363,40 @@ fn path_too_long() {
 }
 
 #[test]
+fn name_too_long() {
+    // 256 bytes in one component: no sandbox could create it (NAME_MAX).
+    let long = "n".repeat(256);
+    let tar = TarBuf::new()
+        .pax(&[("path", long.as_bytes())])
+        .file("placeholder", b"x")
+        .finish();
+    let e = reject_tar(tar);
+    assert_rejected(&e, "name_too_long", Some(long.as_str()));
+    assert!(!e.is_too_large());
+    assert_eq!(
+        e.to_string(),
+        format!("path {long:?} has a 256-byte component, over the 255-byte limit")
+    );
+    // Exactly 255 bytes is fine, also for directory packing.
+    let ok = format!("d/{}/f", "n".repeat(255));
+    let tar = TarBuf::new()
+        .pax(&[("path", ok.as_bytes())])
+        .file("placeholder", b"x")
+        .finish();
+    assert_eq!(ok_tar(tar).files, 1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("n".repeat(255)), b"x").expect("write");
+    let r = bundle::pack_dir(
+        dir.path(),
+        &Limits::default(),
+        &CanonicalOptions::default(),
+        io::sink(),
+    )
+    .expect("packed");
+    assert_eq!(r.files, 1);
+}
+
+#[test]
 fn gnu_long_name_longer_than_the_path_limit() {
     let name = vec![b'a'; 5000];
     let h = raw_header(b"././@LongLink", b'L', name.len() as u64);
@@ -403,6 +437,26 @@ fn ten_thousand_and_one_empty_files() {
     let mut first = tar[..cut].to_vec();
     first.extend_from_slice(&[0u8; 1024]);
     assert_eq!(ok_tar(first).files, 10_000);
+}
+
+#[test]
+fn a_directory_listed_after_its_files_counts_once() {
+    // 9,999 files in m/, then the entry m/ itself: 10,000 distinct paths.
+    let files = |n: usize| {
+        let mut b = TarBuf::new();
+        for i in 0..n {
+            b = b.file(&format!("m/f{i:05}"), b"");
+        }
+        b.dir("m/").finish()
+    };
+    let r = ok_tar(files(9_999));
+    assert_eq!(
+        (r.files, r.dirs, r.entries, r.input_entries),
+        (9_999, 1, 10_000, 10_000)
+    );
+    // One more file makes 10,001 distinct paths: refused at that file.
+    let e = reject_tar(files(10_000));
+    assert_rejected(&e, "too_many_entries", Some("m/f09999"));
 }
 
 #[test]
@@ -516,7 +570,7 @@ fn context_checksums_not_json() {
 }
 
 /// Deterministic incompressible bytes.
-pub fn pseudo_random(n: usize) -> Vec<u8> {
+pub(crate) fn pseudo_random(n: usize) -> Vec<u8> {
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     (0..n)
         .map(|_| {

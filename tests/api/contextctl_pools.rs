@@ -112,13 +112,18 @@ async fn pool_lifecycle_in_text_and_json() {
         tokio::task::block_in_place(|| ctl.ok(&["rm", "demo"])),
         "deleted demo\n"
     );
+    // Deleting it again fails like upstream's contextctl: exit 1 and the
+    // service's message alone, nothing on stdout.
+    let again = tokio::task::block_in_place(|| ctl.run(&["delete", "demo"]));
+    assert_eq!(again.status.code(), Some(1));
     assert_eq!(
-        tokio::task::block_in_place(|| ctl.ok(&["delete", "demo"])),
-        "deleted demo\n"
+        String::from_utf8_lossy(&again.stderr),
+        "contextctl: sandbox pool not found\n"
     );
+    assert!(again.stdout.is_empty());
     tokio::task::block_in_place(|| ctl.fails(&["get", "demo"], "sandbox pool not found"));
     tokio::task::block_in_place(|| {
-        ctl.fails(&["wait", "demo", "-t", "5s"], "sandbox pool not found")
+        ctl.fails(&["wait", "demo", "-t", "5s"], "sandbox pool not found");
     });
     // Another user sees none of it.
     let bob = Ctl {
@@ -195,23 +200,23 @@ async fn flag_combinations_are_checked_before_calling() {
         ctl.fails(
             &["create", "Bad"],
             "name must be a lowercase Kubernetes name",
-        )
+        );
     });
     tokio::task::block_in_place(|| {
         ctl.fails(
             &["create", "x", "-n", "0"],
             "replicas must be between 1 and 100",
-        )
+        );
     });
     tokio::task::block_in_place(|| {
         ctl.fails(
             &["create", "x", "--claim", "nope", "--read-only"],
             "workspace claim \"nope\" not found",
-        )
+        );
     });
     tokio::task::block_in_place(|| ctl.ok(&["create", "x"]));
     tokio::task::block_in_place(|| {
-        ctl.fails(&["create", "x", "--shared"], "sandbox pool already exists")
+        ctl.fails(&["create", "x", "--shared"], "sandbox pool already exists");
     });
     // Help works and exits 0.
     let help = tokio::task::block_in_place(|| ctl.ok(&["help", "create"]));
@@ -284,7 +289,7 @@ async fn named_contexts_and_claims() {
         ctl.fails(
             &["context", "create", "bad", "--type", "session"],
             "type must be workspace, memory, knowledge, or artifacts",
-        )
+        );
     });
     assert_eq!(
         tokio::task::block_in_place(|| ctl.ok(&["rm", "readers"])),
@@ -295,6 +300,6 @@ async fn named_contexts_and_claims() {
         "deleted default/docs\n"
     );
     tokio::task::block_in_place(|| {
-        ctl.fails(&["context", "get", "docs"], "context resource not found")
+        ctl.fails(&["context", "get", "docs"], "context resource not found");
     });
 }

@@ -153,3 +153,244 @@ async fn workload_commands_end_to_end() {
     assert_eq!(run.code, 1);
     assert!(run.stderr.contains("bundle_rejected"), "{}", run.stderr);
 }
+
+/// One error line on stderr containing `code`, and exit code 1.
+fn fails_with(run: Run, code: &str) -> Run {
+    assert_eq!(
+        run.code, 1,
+        "stdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
+    assert_eq!(run.stderr.trim().lines().count(), 1, "{}", run.stderr);
+    assert!(run.stderr.starts_with("contextctl: "), "{}", run.stderr);
+    assert!(run.stderr.contains(code), "{}", run.stderr);
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_commands_end_to_end() {
+    let server = TestServer::start().await;
+    // The development token's subject owns the pool, as `contextctl` would.
+    let dev = crate::common::Caller::user(&server, context_service::auth::dev::DEV_SUBJECT);
+    let body = serde_json::json!({"name": "p", "replicas": 2,
+        "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
+    assert_eq!(dev.post("/v1/sandbox-pools", &body).await.status(), 201);
+    ok(ctl(&server, &["workload", "create", "proj"]).await);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), tgz(&[("README.md", b"# project\n")])).unwrap();
+    ok(ctl(
+        &server,
+        &["workload", "upload", "proj", file.path().to_str().unwrap()],
+    )
+    .await);
+    ok(ctl(&server, &["workload", "activate", "proj"]).await);
+
+    let out = ok(ctl(
+        &server,
+        &[
+            "workload",
+            "deliver",
+            "proj",
+            "--sandbox",
+            "sandbox-p-0",
+            "--run",
+            "r1",
+        ],
+    )
+    .await);
+    let line = out.lines().nth(1).unwrap_or_default();
+    assert!(
+        line.starts_with("sandbox-p-0 ") && line.contains(" sent "),
+        "{out}"
+    );
+    let path = line.split_whitespace().last().unwrap().to_owned();
+    assert_eq!(
+        std::fs::read(std::path::Path::new(&path).join("README.md")).unwrap(),
+        b"# project\n"
+    );
+    let got: Value = serde_json::from_str(&ok(ctl(
+        &server,
+        &[
+            "--output", "json", "workload", "deliver", "proj", "--pool", "p", "--run", "r2",
+            "--verify", "full",
+        ],
+    )
+    .await))
+    .unwrap();
+    let d = got["deliveries"].as_array().unwrap();
+    assert_eq!(d.len(), 2);
+    assert_eq!(
+        (d[0]["cached"].clone(), d[0]["bytesSent"].clone()),
+        (Value::Bool(true), 0.into())
+    );
+    assert_eq!(d[1]["cached"], false);
+
+    let list = ok(ctl(&server, &["workload", "deliveries", "proj"]).await);
+    let rows: Vec<&str> = list.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{list}");
+    assert!(
+        rows[0].starts_with("r1 ") && rows[0].contains("sandbox-p-0"),
+        "{list}"
+    );
+    let json_list: Value = serde_json::from_str(&ok(ctl(
+        &server,
+        &["--output", "json", "workload", "deliveries", "proj"],
+    )
+    .await))
+    .unwrap();
+    assert_eq!(json_list["deliveries"][1]["runId"], "r2");
+    // The other output formats.
+    let yaml_list: Value = serde_saphyr::from_str(&ok(ctl(
+        &server,
+        &["workload", "deliveries", "proj", "-o", "yaml"],
+    )
+    .await))
+    .unwrap();
+    assert_eq!(yaml_list, json_list);
+    assert_eq!(
+        ok(ctl(&server, &["workload", "deliveries", "proj", "-o", "name"]).await),
+        "run/r1\nrun/r2\n"
+    );
+    let revision = json_list["deliveries"][0]["revision"].as_str().unwrap();
+    assert!(!list.contains(revision), "{list}");
+    let wide = ok(ctl(&server, &["workload", "deliveries", "proj", "-o", "wide"]).await);
+    assert!(wide.lines().next().unwrap().contains("POD"), "{wide}");
+    assert_eq!(
+        wide.lines().filter(|l| l.contains(revision)).count(),
+        3,
+        "{wide}"
+    );
+    assert_eq!(
+        ok(ctl(
+            &server,
+            &[
+                "workload",
+                "deliver",
+                "proj",
+                "--sandbox",
+                "sandbox-p-1",
+                "--run",
+                "r4",
+                "-o",
+                "name",
+            ],
+        )
+        .await),
+        "run/r4\n"
+    );
+    let wide = ok(ctl(
+        &server,
+        &[
+            "workload", "deliver", "proj", "--pool", "p", "--run", "r5", "-o", "wide",
+        ],
+    )
+    .await);
+    assert!(wide.lines().next().unwrap().contains("POD"), "{wide}");
+    assert_eq!(
+        wide.lines().filter(|l| l.contains(" cached ")).count(),
+        2,
+        "{wide}"
+    );
+    let released: Value = serde_saphyr::from_str(&ok(ctl(
+        &server,
+        &["workload", "release", "proj", "--run", "r5", "-o", "yaml"],
+    )
+    .await))
+    .unwrap();
+    assert_eq!(
+        released,
+        serde_json::json!({"runId": "r5", "released": true})
+    );
+    assert_eq!(
+        ok(ctl(
+            &server,
+            &["workload", "release", "proj", "--run", "r4", "-o", "name"]
+        )
+        .await),
+        "run/r4\n"
+    );
+    assert_eq!(
+        ok(ctl(&server, &["workload", "release", "proj", "--run", "r1"]).await).trim(),
+        "released r1"
+    );
+    assert!(
+        std::fs::symlink_metadata(&path).is_err(),
+        "r1's view is gone"
+    );
+
+    // Errors: one line on stderr, exit 1 (2 for usage errors).
+    fails_with(
+        ctl(&server, &["workload", "release", "proj", "--run", "r1"]).await,
+        "run_not_found",
+    );
+    fails_with(
+        ctl(
+            &server,
+            &[
+                "workload",
+                "deliver",
+                "proj",
+                "--sandbox",
+                "sandbox-p-0",
+                "--run",
+                "a b",
+            ],
+        )
+        .await,
+        "invalid_request",
+    );
+    fails_with(
+        ctl(
+            &server,
+            &[
+                "workload",
+                "deliver",
+                "proj",
+                "--sandbox",
+                "nope",
+                "--run",
+                "x",
+            ],
+        )
+        .await,
+        "sandbox_not_found",
+    );
+    fails_with(
+        ctl(
+            &server,
+            &[
+                "workload", "deliver", "missing", "--pool", "p", "--run", "x",
+            ],
+        )
+        .await,
+        "workload_not_found",
+    );
+    let run = ctl(&server, &["workload", "deliver", "proj", "--run", "x"]).await;
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    // A pool with one broken sandbox: the outcomes on stdout, the reason on
+    // stderr.
+    let sandbox = server
+        .data_dir
+        .join("local/namespaces/default/sandboxes/sandbox-p-1/workspace");
+    let root = std::fs::canonicalize(sandbox).unwrap().join(".context");
+    std::fs::remove_dir_all(&root).unwrap();
+    std::fs::write(&root, b"x").unwrap();
+    let run = fails_with(
+        ctl(
+            &server,
+            &[
+                "--output", "json", "workload", "deliver", "proj", "--pool", "p", "--run", "r3",
+            ],
+        )
+        .await,
+        "1 of 2 sandboxes failed; sandbox-p-1: bad_root",
+    );
+    assert!(run.stderr.contains("delivery_failed"), "{}", run.stderr);
+    let body: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(body["error"], "delivery_failed");
+    assert!(body["deliveries"][0]["path"].is_string());
+    assert!(body["deliveries"][1]["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("bad_root: "));
+}

@@ -128,14 +128,23 @@ async fn contexts_end_to_end_and_owner_isolation() {
     let got: Value = alice.get(MEMORY).await.json().await.unwrap();
     assert_eq!(got["type"], "memory");
 
-    let del = |caller: &Caller| {
-        let caller = caller.clone();
-        async move { caller.delete(MEMORY).await.status().as_u16() }
-    };
-    assert_eq!(del(&bob).await, 204);
+    // Another owner's context is missing to bob, on delete too.
+    assert_error(
+        bob.delete(MEMORY).await,
+        404,
+        "not_found",
+        "context resource not found",
+    )
+    .await;
     assert_eq!(alice.get(MEMORY).await.status().as_u16(), 200);
-    assert_eq!(del(&alice).await, 204);
-    assert_eq!(del(&alice).await, 204);
+    assert_eq!(alice.delete(MEMORY).await.status().as_u16(), 204);
+    assert_error(
+        alice.delete(MEMORY).await,
+        404,
+        "not_found",
+        "context resource not found",
+    )
+    .await;
     assert_error(
         alice.get(MEMORY).await,
         404,

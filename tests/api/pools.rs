@@ -152,7 +152,7 @@ async fn request_bodies_decode_like_upstream() {
         (r#"{"name":"a","replicas":3.5}"#.into(), "json: cannot unmarshal number 3.5 into Go struct field CreateRequest.replicas of type int"),
         (r#"{"name":"a","workspace":{"size":5}}"#.into(), "json: cannot unmarshal number into Go struct field Workspace.workspace.size of type string"),
         (r#"{"name":"a","workspace":{"readOnly":"true"}}"#.into(), "json: cannot unmarshal string into Go struct field Workspace.workspace.readOnly of type bool"),
-        (r#"{"name":"a","workspace":[]}"#.into(), "json: cannot unmarshal array into Go struct field CreateRequest.workspace of type Workspace"),
+        (r#"{"name":"a","workspace":[]}"#.into(), "json: cannot unmarshal array into Go struct field CreateRequest.workspace of type pool.Workspace"),
         (format!("{{\"name\":\"{}", "a".repeat(2 << 20)), "http: request body too large"),
     ];
     for (body, message) in cases {
@@ -230,15 +230,14 @@ async fn dedicated_pool_end_to_end() {
         "sandbox pool not found",
     )
     .await;
-    // A retried delete meets its goal: 204 again.
-    assert_eq!(
-        alice
-            .delete("/v1/sandbox-pools/code-review")
-            .await
-            .status()
-            .as_u16(),
-        204
-    );
+    // A second delete finds nothing: 404, as upstream and Kubernetes.
+    assert_error(
+        alice.delete("/v1/sandbox-pools/code-review").await,
+        404,
+        "not_found",
+        "sandbox pool not found",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -449,14 +448,14 @@ async fn another_owners_pools_are_invisible() {
         json_of(bob.get("/v1/sandbox-pools").await, 200).await,
         json!({"items": []})
     );
-    // Bob's delete answers like a missing pool's, and deletes nothing.
-    assert_eq!(
-        bob.delete("/v1/sandbox-pools/private")
-            .await
-            .status()
-            .as_u16(),
-        204
-    );
+    // Bob's delete answers like a missing pool's (404), and deletes nothing.
+    assert_error(
+        bob.delete("/v1/sandbox-pools/private").await,
+        404,
+        "not_found",
+        "sandbox pool not found",
+    )
+    .await;
     let list = json_of(alice.get("/v1/sandbox-pools").await, 200).await;
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
     assert_eq!(list["items"][0]["name"], "private");

@@ -193,16 +193,12 @@ async fn a_trusted_service_acts_for_a_user() {
         .post("/v1/workloads", &json!({"name": "for-alice"}))
         .await;
     assert_eq!(resp.status(), 201);
-    // Recorded under alice, not the service.
-    let names: Vec<String> = server
-        .client("alice")
-        .workloads()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|w| w.name)
-        .collect();
-    assert_eq!(names, vec!["for-alice"]);
+    // Recorded under the user alice: not the service, and not a token
+    // whose own subject is "alice" (owners carry their kind).
+    let resp = for_alice.get("/v1/workloads").await;
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["workloads"][0]["name"], "for-alice");
+    assert!(server.client("alice").workloads().await.unwrap().is_empty());
     let resp = list_with(&server, &service).await;
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["workloads"], json!([]));

@@ -117,7 +117,7 @@ async fn recovery_after_a_crash() {
     {
         // The delete got as far as marking the record.
         let store = RedbStore::open(&dir.path().join("store/meta.redb")).unwrap();
-        let mut rec = store.workload("alice", "doomed").unwrap().unwrap();
+        let mut rec = store.workload("sub:alice", "doomed").unwrap().unwrap();
         rec.status = WorkloadStatus::Deleting;
         store.replace_workload(&rec, None).unwrap();
     }

@@ -8,19 +8,19 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 
 /// gzip at level 6.
-pub fn gz(data: &[u8]) -> Vec<u8> {
+pub(crate) fn gz(data: &[u8]) -> Vec<u8> {
     gz_level(data, 6)
 }
 
 /// gzip at `level`.
-pub fn gz_level(data: &[u8], level: u32) -> Vec<u8> {
+pub(crate) fn gz_level(data: &[u8], level: u32) -> Vec<u8> {
     let mut enc = GzEncoder::new(Vec::new(), Compression::new(level));
     enc.write_all(data).unwrap();
     enc.finish().unwrap()
 }
 
 /// A ustar header whose name bytes are written verbatim (no validation).
-pub fn raw_header(name: &[u8], type_flag: u8, size: u64) -> tar::Header {
+pub(crate) fn raw_header(name: &[u8], type_flag: u8, size: u64) -> tar::Header {
     let mut h = tar::Header::new_ustar();
     h.as_old_mut().name[..name.len()].copy_from_slice(name);
     h.set_entry_type(tar::EntryType::new(type_flag));
@@ -32,7 +32,7 @@ pub fn raw_header(name: &[u8], type_flag: u8, size: u64) -> tar::Header {
 }
 
 /// PAX extended header records (`"%d key=value\n"`).
-pub fn pax_records(records: &[(&str, &[u8])]) -> Vec<u8> {
+pub(crate) fn pax_records(records: &[(&str, &[u8])]) -> Vec<u8> {
     let mut out = Vec::new();
     for (key, value) in records {
         let rest = key.len() + value.len() + 3;
@@ -49,15 +49,15 @@ pub fn pax_records(records: &[(&str, &[u8])]) -> Vec<u8> {
 
 /// Raw tar stream under construction.
 #[derive(Default)]
-pub struct TarBuf(pub Vec<u8>);
+pub(crate) struct TarBuf(pub Vec<u8>);
 
 impl TarBuf {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Appends `header` and `data`, padded to a block.
-    pub fn raw(mut self, header: &tar::Header, data: &[u8]) -> Self {
+    pub(crate) fn raw(mut self, header: &tar::Header, data: &[u8]) -> Self {
         self.0.extend_from_slice(header.as_bytes());
         self.0.extend_from_slice(data);
         let pad = (512 - data.len() % 512) % 512;
@@ -65,38 +65,38 @@ impl TarBuf {
         self
     }
 
-    pub fn file(self, name: &str, data: &[u8]) -> Self {
+    pub(crate) fn file(self, name: &str, data: &[u8]) -> Self {
         let h = raw_header(name.as_bytes(), b'0', data.len() as u64);
         self.raw(&h, data)
     }
 
-    pub fn dir(self, name: &str) -> Self {
+    pub(crate) fn dir(self, name: &str) -> Self {
         let h = raw_header(name.as_bytes(), b'5', 0);
         self.raw(&h, &[])
     }
 
     /// A member with type flag `ty` and no data.
-    pub fn typed(self, name: &str, ty: u8) -> Self {
+    pub(crate) fn typed(self, name: &str, ty: u8) -> Self {
         let h = raw_header(name.as_bytes(), ty, 0);
         self.raw(&h, &[])
     }
 
     /// A PAX `x` header for the next member.
-    pub fn pax(self, records: &[(&str, &[u8])]) -> Self {
+    pub(crate) fn pax(self, records: &[(&str, &[u8])]) -> Self {
         let data = pax_records(records);
         let h = raw_header(b"./PaxHeaders/x", b'x', data.len() as u64);
         self.raw(&h, &data)
     }
 
     /// The end-of-archive marker.
-    pub fn finish(mut self) -> Vec<u8> {
+    pub(crate) fn finish(mut self) -> Vec<u8> {
         self.0.extend_from_slice(&[0u8; 1024]);
         self.0
     }
 }
 
 /// Runs both faces (inspect and canonicalize) and checks they agree.
-pub fn check(gzipped: &[u8], limits: &Limits) -> Result<Report, BundleError> {
+pub(crate) fn check(gzipped: &[u8], limits: &Limits) -> Result<Report, BundleError> {
     let inspected = bundle::inspect(gzipped, limits);
     let mut out = Vec::new();
     let report = bundle::canonicalize(gzipped, limits, &CanonicalOptions::default(), &mut out);
@@ -112,7 +112,7 @@ pub fn check(gzipped: &[u8], limits: &Limits) -> Result<Report, BundleError> {
 }
 
 /// Expects the tar (gzipped here) to be rejected; returns the error.
-pub fn reject_tar(tar: Vec<u8>) -> BundleError {
+pub(crate) fn reject_tar(tar: Vec<u8>) -> BundleError {
     match check(&gz(&tar), &Limits::default()) {
         Ok(r) => panic!("accepted: {r:?}"),
         Err(e) => e,
@@ -121,7 +121,7 @@ pub fn reject_tar(tar: Vec<u8>) -> BundleError {
 
 /// Asserts a rejection's code and entry.
 #[track_caller]
-pub fn assert_rejected(err: &BundleError, code: &str, entry: Option<&str>) {
+pub(crate) fn assert_rejected(err: &BundleError, code: &str, entry: Option<&str>) {
     assert_eq!(err.code(), code, "wrong code for {err}");
     assert_eq!(err.entry(), entry, "wrong entry for {err}");
 }

@@ -10,7 +10,7 @@ use super::TestServer;
 /// and fixed extra headers. Cheap to clone, and `'static`, so it can move
 /// into spawned tasks.
 #[derive(Clone)]
-pub struct Caller {
+pub(crate) struct Caller {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
@@ -19,12 +19,12 @@ pub struct Caller {
 
 impl Caller {
     /// `sub` with every user scope, signed by the server's development key.
-    pub fn user(server: &TestServer, sub: &str) -> Self {
+    pub(crate) fn user(server: &TestServer, sub: &str) -> Self {
         Self::with_token(server, server.user_token(sub))
     }
 
     /// Any bearer token, taken as is (a narrow-scoped, forged or grant one).
-    pub fn with_token(server: &TestServer, token: impl Into<String>) -> Self {
+    pub(crate) fn with_token(server: &TestServer, token: impl Into<String>) -> Self {
         Self {
             token: Some(token.into()),
             ..Self::anonymous(server)
@@ -32,7 +32,7 @@ impl Caller {
     }
 
     /// No `Authorization` header at all.
-    pub fn anonymous(server: &TestServer) -> Self {
+    pub(crate) fn anonymous(server: &TestServer) -> Self {
         Self {
             http: server.http(),
             base: server.base.clone(),
@@ -42,7 +42,7 @@ impl Caller {
     }
 
     /// The same caller, also sending `name: value` on every request.
-    pub fn with_header(&self, name: &str, value: &str) -> Self {
+    pub(crate) fn with_header(&self, name: &str, value: &str) -> Self {
         let mut next = self.clone();
         next.headers.push((name.to_owned(), value.to_owned()));
         next
@@ -50,7 +50,7 @@ impl Caller {
 
     /// A request to `path` with the token and headers attached, for what
     /// the shortcuts below do not cover (e.g. timeouts).
-    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+    pub(crate) fn request(&self, method: Method, path: &str) -> RequestBuilder {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(token) = &self.token {
             req = req.bearer_auth(token);
@@ -62,28 +62,28 @@ impl Caller {
     }
 
     /// `method path` without a body.
-    pub async fn send(&self, method: Method, path: &str) -> Response {
+    pub(crate) async fn send(&self, method: Method, path: &str) -> Response {
         send(self.request(method, path)).await
     }
 
     /// `GET path`.
-    pub async fn get(&self, path: &str) -> Response {
+    pub(crate) async fn get(&self, path: &str) -> Response {
         self.send(Method::GET, path).await
     }
 
     /// `DELETE path`.
-    pub async fn delete(&self, path: &str) -> Response {
+    pub(crate) async fn delete(&self, path: &str) -> Response {
         self.send(Method::DELETE, path).await
     }
 
     /// `POST path` with `body` as JSON.
-    pub async fn post(&self, path: &str, body: &Value) -> Response {
+    pub(crate) async fn post(&self, path: &str, body: &Value) -> Response {
         send(self.request(Method::POST, path).json(body)).await
     }
 
     /// `POST path` with raw bytes under `content_type` (bodies that are not
     /// valid JSON, or not JSON at all).
-    pub async fn post_raw(
+    pub(crate) async fn post_raw(
         &self,
         path: &str,
         content_type: &str,
@@ -93,7 +93,12 @@ impl Caller {
     }
 
     /// `PUT path` with raw bytes (or a stream) under `content_type`.
-    pub async fn put(&self, path: &str, content_type: &str, body: impl Into<Body>) -> Response {
+    pub(crate) async fn put(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: impl Into<Body>,
+    ) -> Response {
         self.with_body(Method::PUT, path, content_type, body).await
     }
 
@@ -122,7 +127,7 @@ async fn send(req: RequestBuilder) -> Response {
 
 /// Asserts `status`, that the body is one line of JSON ending in a newline
 /// (as the upstream API answers), and returns it parsed.
-pub async fn json_of(resp: Response, status: u16) -> Value {
+pub(crate) async fn json_of(resp: Response, status: u16) -> Value {
     let got = resp.status().as_u16();
     let text = resp.text().await.expect("body");
     assert_eq!(got, status, "body: {text}");

@@ -15,28 +15,28 @@ use kube::api::{
     PatchParams, PostParams,
 };
 use kube::runtime::wait::{await_condition, Condition};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use serde_json::{json, Value};
 
 use super::{Caller, TestServer};
 
 // The crate's own types the e2e targets name, imported in this one place so
 // that a module rename touches one line.
-pub use context_service::pool::view::Pool;
+pub(crate) use context_service::pool::view::Pool;
 #[allow(unused_imports)]
-pub use context_service::sandbox::kube::crd::{Sandbox, SandboxClaim};
+pub(crate) use context_service::sandbox::kube::crd::{Sandbox, SandboxClaim};
 
 /// Generous: two cores are shared by the whole control plane and cargo.
-pub const TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(90);
 /// Field manager of what the tests arrange directly.
-pub const FIELD_MANAGER: &str = "context-service-e2e";
+pub(crate) const FIELD_MANAGER: &str = "context-service-e2e";
 /// Image of the sandbox containers (kwok ignores it).
-pub const IMAGE: &str = "busybox:stable";
+pub(crate) const IMAGE: &str = "busybox:stable";
 /// The subject the tests act as.
-pub const USER: &str = "alice";
+pub(crate) const USER: &str = "alice";
 
 /// Fails (does not skip) when the environment is missing.
-pub async fn kube_client() -> Client {
+pub(crate) async fn kube_client() -> Client {
     if std::env::var_os("KUBECONFIG").is_none() {
         panic!(
             "KUBECONFIG is not set. Start the environment and export it first:\n  \
@@ -49,13 +49,13 @@ pub async fn kube_client() -> Client {
 }
 
 /// `prefix-<8 hex digits>`.
-pub fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand::random::<u32>())
 }
 
 /// One test's world: a namespace and a service whose `kube` backend works
 /// in it.
-pub struct Env {
+pub(crate) struct Env {
     /// Direct client, to arrange and verify only.
     pub kube: Client,
     /// The namespace (`CS_NAMESPACE` of the service).
@@ -66,7 +66,7 @@ pub struct Env {
 
 /// Runs `body` in a fresh namespace and deletes the namespace afterwards,
 /// also when `body` fails or panics.
-pub async fn with_namespace<F, Fut>(prefix: &str, body: F)
+pub(crate) async fn with_namespace<F, Fut>(prefix: &str, body: F)
 where
     F: FnOnce(Client, String) -> Fut,
     Fut: Future<Output = Result<()>> + Send + 'static,
@@ -110,7 +110,7 @@ where
 /// Creates a fresh namespace and starts the service with the `kube` backend
 /// in it, runs `body`, and deletes the namespace afterwards, also when `body`
 /// fails or panics.
-pub async fn with_env<F, Fut>(prefix: &str, body: F)
+pub(crate) async fn with_env<F, Fut>(prefix: &str, body: F)
 where
     F: FnOnce(Env) -> Fut + Send + 'static,
     Fut: Future<Output = Result<()>> + Send + 'static,
@@ -119,23 +119,32 @@ where
         let server = start_server(&ns).await;
         body(Env { kube, ns, server }).await
     })
-    .await
+    .await;
 }
 
 /// The real service with the `kube` backend on namespace `ns`.
-pub async fn start_server(ns: &str) -> TestServer {
+pub(crate) async fn start_server(ns: &str) -> TestServer {
+    start_server_with(ns, |_| {}).await
+}
+
+/// [`start_server`] after `adjust` changes further settings.
+pub(crate) async fn start_server_with(
+    ns: &str,
+    adjust: impl FnOnce(&mut context_service::config::ServeConfig),
+) -> TestServer {
     let ns = ns.to_owned();
     TestServer::start_with(move |cfg| {
         cfg.backend = BackendKind::Kube;
         cfg.namespace = ns;
         cfg.kube_sandbox_image = Some(IMAGE.to_owned());
+        adjust(cfg);
     })
     .await
 }
 
 impl Env {
     /// `Api<K>` in the test namespace.
-    pub fn api<K>(&self) -> Api<K>
+    pub(crate) fn api<K>(&self) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
     {
@@ -143,18 +152,18 @@ impl Env {
     }
 
     /// A dynamic API in the test namespace.
-    pub fn dyn_api(&self, ar: &ApiResource) -> Api<DynamicObject> {
+    pub(crate) fn dyn_api(&self, ar: &ApiResource) -> Api<DynamicObject> {
         dyn_api(&self.kube, &self.ns, ar)
     }
 
     /// A raw request as [`USER`] (fallible, unlike [`Caller`]'s shortcuts,
     /// so that a failure is reported as the step's error).
-    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         Caller::user(&self.server, USER).request(method, path)
     }
 
     /// `POST /v1/sandbox-pools` with `body`, as [`USER`].
-    pub async fn post_pool(&self, body: &Value) -> reqwest::Response {
+    pub(crate) async fn post_pool(&self, body: &Value) -> reqwest::Response {
         self.request(reqwest::Method::POST, "/v1/sandbox-pools")
             .json(body)
             .send()
@@ -163,7 +172,7 @@ impl Env {
     }
 
     /// Creates a pool and expects `201` with a pool body.
-    pub async fn create_pool(&self, body: &Value) -> Result<Pool> {
+    pub(crate) async fn create_pool(&self, body: &Value) -> Result<Pool> {
         let resp = self.post_pool(body).await;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
@@ -175,7 +184,11 @@ impl Env {
 
     /// `GET /v1/sandbox-pools/{name}?wait=ready&timeout=<timeout>`: the
     /// long poll, with its own duration.
-    pub async fn wait_pool(&self, name: &str, timeout: Duration) -> Result<(Pool, Duration)> {
+    pub(crate) async fn wait_pool(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(Pool, Duration)> {
         let started = Instant::now();
         let resp = self
             .request(
@@ -198,7 +211,7 @@ impl Env {
     }
 
     /// Waits through the API for `ready` and fails on anything else.
-    pub async fn wait_ready(&self, name: &str) -> Result<Pool> {
+    pub(crate) async fn wait_ready(&self, name: &str) -> Result<Pool> {
         let (pool, _) = self.wait_pool(name, TIMEOUT).await?;
         if pool.status != "ready" {
             bail!("pool {name} is not ready after {TIMEOUT:?}: {pool:#?}");
@@ -208,7 +221,7 @@ impl Env {
 
     /// Lists the pools once, so that the service's watch caches have synced
     /// and its API connection is open before anything is timed.
-    pub async fn warm_up(&self) -> Result<()> {
+    pub(crate) async fn warm_up(&self) -> Result<()> {
         let resp = self
             .request(reqwest::Method::GET, "/v1/sandbox-pools")
             .send()
@@ -221,7 +234,7 @@ impl Env {
     }
 
     /// `GET /v1/sandbox-pools/{name}` as [`USER`]: status and body.
-    pub async fn get_pool(&self, name: &str) -> (u16, String) {
+    pub(crate) async fn get_pool(&self, name: &str) -> (u16, String) {
         let resp = self
             .request(reqwest::Method::GET, &format!("/v1/sandbox-pools/{name}"))
             .send()
@@ -232,7 +245,7 @@ impl Env {
     }
 
     /// `DELETE /v1/sandbox-pools/{name}`; expects `204`.
-    pub async fn delete_pool(&self, name: &str) -> Result<()> {
+    pub(crate) async fn delete_pool(&self, name: &str) -> Result<()> {
         let resp = self
             .request(
                 reqwest::Method::DELETE,
@@ -249,7 +262,7 @@ impl Env {
 
     /// Sorted names of the objects matching `selector` (deleting ones
     /// included).
-    pub async fn names<K>(&self, selector: &str) -> Result<Vec<String>>
+    pub(crate) async fn names<K>(&self, selector: &str) -> Result<Vec<String>>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -260,14 +273,14 @@ impl Env {
             .api::<K>()
             .list(&ListParams::default().labels(selector))
             .await?;
-        let mut names: Vec<String> = list.items.iter().map(|o| o.name_any()).collect();
+        let mut names: Vec<String> = list.items.iter().map(kube::ResourceExt::name_any).collect();
         names.sort();
         Ok(names)
     }
 
     /// Sorted names of the pods a harness gets with `selector` (running ones:
     /// pods being deleted are not the pool's any more).
-    pub async fn pods_matching(&self, selector: &str) -> Result<Vec<String>> {
+    pub(crate) async fn pods_matching(&self, selector: &str) -> Result<Vec<String>> {
         let list = self
             .api::<Pod>()
             .list(&ListParams::default().labels(selector))
@@ -276,7 +289,7 @@ impl Env {
             .items
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .map(|p| p.name_any())
+            .map(kube::ResourceExt::name_any)
             .collect();
         names.sort();
         Ok(names)
@@ -284,7 +297,7 @@ impl Env {
 
     /// Waits until nothing labelled `context.rossoctl.io/pool=<pool>` is left:
     /// no Sandbox, SandboxClaim, PVC or Pod (also the ones being deleted).
-    pub async fn wait_pool_objects_gone(&self, pool: &str) -> Result<()> {
+    pub(crate) async fn wait_pool_objects_gone(&self, pool: &str) -> Result<()> {
         let selector = format!("context.rossoctl.io/pool={pool}");
         let (sandboxes, claims) = (sandboxes(), claims());
         let left = || async {
@@ -310,19 +323,23 @@ impl Env {
     }
 
     /// Sorted names of dynamic objects matching `selector`.
-    pub async fn dyn_names(&self, ar: &ApiResource, selector: &str) -> Result<Vec<String>> {
+    pub(crate) async fn dyn_names(&self, ar: &ApiResource, selector: &str) -> Result<Vec<String>> {
         let list = self
             .dyn_api(ar)
             .list(&ListParams::default().labels(selector))
             .await?;
-        let mut names: Vec<String> = list.items.iter().map(|o| o.name_any()).collect();
+        let mut names: Vec<String> = list.items.iter().map(kube::ResourceExt::name_any).collect();
         names.sort();
         Ok(names)
     }
 
     /// Creates PVC `name` (class `standard`, 1Gi, `mode`) and waits until it
     /// is Bound: an existing claim as a user would have made it.
-    pub async fn existing_pvc(&self, name: &str, mode: &str) -> Result<PersistentVolumeClaim> {
+    pub(crate) async fn existing_pvc(
+        &self,
+        name: &str,
+        mode: &str,
+    ) -> Result<PersistentVolumeClaim> {
         let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {"team": "e2e"}},
             "spec": {
@@ -348,20 +365,20 @@ impl Env {
 
     /// A SandboxTemplate `template` and a SandboxWarmPool `name` of
     /// `replicas` on it; waits until `replicas` warm sandboxes are ready.
-    pub async fn warm_pool(&self, name: &str, template: &str, replicas: i64) -> Result<()> {
+    pub(crate) async fn warm_pool(&self, name: &str, template: &str, replicas: i64) -> Result<()> {
         create_warm_pool(&self.kube, &self.ns, name, template, replicas).await
     }
 }
 
 /// A dynamic API in namespace `ns`.
-pub fn dyn_api(kube: &Client, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
+pub(crate) fn dyn_api(kube: &Client, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
     Api::namespaced_with(kube.clone(), ns, ar)
 }
 
 /// A SandboxTemplate `template` (one sleeping container) and a
 /// SandboxWarmPool `name` of `replicas` on it, in `ns`; waits until
 /// `replicas` warm sandboxes are ready.
-pub async fn create_warm_pool(
+pub(crate) async fn create_warm_pool(
     kube: &Client,
     ns: &str,
     name: &str,
@@ -398,7 +415,7 @@ pub async fn create_warm_pool(
 /// Polls `check` (every 100 ms, up to [`TIMEOUT`]) until it gives `Ok(value)`;
 /// `Err(text)` is the state so far, reported on timeout. For conditions over
 /// lists, where no single-object watch applies.
-pub async fn poll_until<T, F, Fut>(what: &str, mut check: F) -> Result<T>
+pub(crate) async fn poll_until<T, F, Fut>(what: &str, mut check: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<std::result::Result<T, String>>>,
@@ -417,7 +434,12 @@ where
 
 /// Waits for `cond` on the named object through a watch; on timeout the error
 /// carries the object's last state.
-pub async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, cond: impl Condition<K>) -> Result<K>
+pub(crate) async fn wait_for<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    cond: impl Condition<K>,
+) -> Result<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
@@ -433,7 +455,7 @@ where
 }
 
 /// Waits until the named object is gone.
-pub async fn wait_deleted<K>(api: &Api<K>, name: &str) -> Result<()>
+pub(crate) async fn wait_deleted<K>(api: &Api<K>, name: &str) -> Result<()>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
@@ -459,11 +481,11 @@ fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
 }
 
 /// `agents.x-k8s.io/v1beta1` Sandbox.
-pub fn sandboxes() -> ApiResource {
+pub(crate) fn sandboxes() -> ApiResource {
     resource("agents.x-k8s.io", "Sandbox", "sandboxes")
 }
 /// `extensions.agents.x-k8s.io/v1beta1` SandboxTemplate.
-pub fn templates() -> ApiResource {
+pub(crate) fn templates() -> ApiResource {
     resource(
         "extensions.agents.x-k8s.io",
         "SandboxTemplate",
@@ -471,7 +493,7 @@ pub fn templates() -> ApiResource {
     )
 }
 /// `extensions.agents.x-k8s.io/v1beta1` SandboxWarmPool.
-pub fn warm_pools() -> ApiResource {
+pub(crate) fn warm_pools() -> ApiResource {
     resource(
         "extensions.agents.x-k8s.io",
         "SandboxWarmPool",
@@ -479,7 +501,7 @@ pub fn warm_pools() -> ApiResource {
     )
 }
 /// `extensions.agents.x-k8s.io/v1beta1` SandboxClaim.
-pub fn claims() -> ApiResource {
+pub(crate) fn claims() -> ApiResource {
     resource(
         "extensions.agents.x-k8s.io",
         "SandboxClaim",
@@ -488,7 +510,7 @@ pub fn claims() -> ApiResource {
 }
 
 /// Server-side apply of a manifest given as JSON.
-pub async fn apply(
+pub(crate) async fn apply(
     api: &Api<DynamicObject>,
     ar: &ApiResource,
     name: &str,
@@ -504,25 +526,25 @@ pub async fn apply(
 }
 
 /// `.status.readyReplicas` of a warm pool.
-pub fn ready_replicas(obj: Option<&DynamicObject>) -> i64 {
+pub(crate) fn ready_replicas(obj: Option<&DynamicObject>) -> i64 {
     obj.and_then(|o| o.data["status"]["readyReplicas"].as_i64())
         .unwrap_or(0)
 }
 
 /// The labels of `obj`, for equality checks.
-pub fn labels_of(meta: &ObjectMeta) -> BTreeMap<String, String> {
+pub(crate) fn labels_of(meta: &ObjectMeta) -> BTreeMap<String, String> {
     meta.labels.clone().unwrap_or_default()
 }
 
 /// Sorted member names of a pool body.
-pub fn member_names(pool: &Pool) -> Vec<String> {
+pub(crate) fn member_names(pool: &Pool) -> Vec<String> {
     let mut names: Vec<String> = pool.sandboxes.iter().map(|s| s.name.clone()).collect();
     names.sort();
     names
 }
 
 /// Sorted pod names of a pool body (members without a pod are an error).
-pub fn member_pods(pool: &Pool) -> Result<Vec<String>> {
+pub(crate) fn member_pods(pool: &Pool) -> Result<Vec<String>> {
     let mut pods = Vec::new();
     for s in &pool.sandboxes {
         pods.push(

@@ -9,17 +9,18 @@
 mod archive;
 mod caller;
 #[cfg(feature = "e2e")]
-pub mod k8s;
-pub mod workload_bundles;
+pub(crate) mod k8s;
+pub(crate) mod workload_bundles;
 #[allow(unused_imports)]
-pub use archive::*;
+pub(crate) use archive::*;
 #[allow(unused_imports)]
-pub use caller::{json_of, Caller};
+pub(crate) use caller::{json_of, Caller};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use context_service::app::BuildOptions;
 use context_service::auth::dev::DevIssuer;
 use context_service::auth::{Scope, TokenPolicy};
 use context_service::client::Client;
@@ -29,12 +30,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// A running service.
-pub struct TestServer {
+pub(crate) struct TestServer {
     /// `http://127.0.0.1:<port>`.
     pub base: String,
     /// The data dir (kept alive by `_dir` when the server owns it).
     pub data_dir: PathBuf,
     config: ServeConfig,
+    options: BuildOptions,
     _dir: Option<tempfile::TempDir>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
@@ -42,51 +44,101 @@ pub struct TestServer {
 
 impl TestServer {
     /// Starts a server on a fresh data dir with default settings.
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         Self::start_with(|_| {}).await
     }
 
     /// Starts a server on a fresh data dir after `adjust` changes settings.
-    pub async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
+    pub(crate) async fn start_with(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut server = Self::start_in(dir.path(), adjust).await;
         server._dir = Some(dir);
         server
     }
 
+    /// Starts a server on a fresh data dir with `options` (e.g. a wrapped
+    /// exec port) after `adjust` changes settings.
+    pub(crate) async fn start_with_options(
+        adjust: impl FnOnce(&mut ServeConfig),
+        options: BuildOptions,
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut server = Self::start_in_with(dir.path(), adjust, options).await;
+        server._dir = Some(dir);
+        server
+    }
+
+    /// Starts a server on a fresh data dir after `adjust` changes settings,
+    /// or returns why it refused to start.
+    pub(crate) async fn try_start_with(
+        adjust: impl FnOnce(&mut ServeConfig),
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut server = Self::try_start_in(dir.path(), adjust).await?;
+        server._dir = Some(dir);
+        Ok(server)
+    }
+
     /// Starts a server on an existing data dir (e.g. to test a restart).
-    pub async fn start_in(data_dir: &Path, adjust: impl FnOnce(&mut ServeConfig)) -> Self {
+    pub(crate) async fn start_in(data_dir: &Path, adjust: impl FnOnce(&mut ServeConfig)) -> Self {
+        Self::start_in_with(data_dir, adjust, BuildOptions::default()).await
+    }
+
+    async fn start_in_with(
+        data_dir: &Path,
+        adjust: impl FnOnce(&mut ServeConfig),
+        options: BuildOptions,
+    ) -> Self {
+        Self::try_start_in_with(data_dir, adjust, options)
+            .await
+            .expect("server starts")
+    }
+
+    /// [`Self::start_in`], or why the server refused to start.
+    pub(crate) async fn try_start_in(
+        data_dir: &Path,
+        adjust: impl FnOnce(&mut ServeConfig),
+    ) -> anyhow::Result<Self> {
+        Self::try_start_in_with(data_dir, adjust, BuildOptions::default()).await
+    }
+
+    async fn try_start_in_with(
+        data_dir: &Path,
+        adjust: impl FnOnce(&mut ServeConfig),
+        options: BuildOptions,
+    ) -> anyhow::Result<Self> {
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("addr");
         let mut config = ServeConfig::with_defaults(data_dir.to_owned(), listen);
         adjust(&mut config);
-        let server = Server::bind(&config).await.expect("server starts");
+        let server = Server::bind_with(&config, &options).await?;
         let addr = server.local_addr().expect("local addr");
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
             let _ = rx.await;
         }));
-        Self {
+        Ok(Self {
             base: format!("http://{addr}"),
             data_dir: data_dir.to_owned(),
             config,
+            options,
             _dir: None,
             shutdown: Some(tx),
             task: Some(task),
-        }
+        })
     }
 
     /// The settings the server runs with.
-    pub fn config(&self) -> &ServeConfig {
+    pub(crate) fn config(&self) -> &ServeConfig {
         &self.config
     }
 
     /// What the server expects of a token (issuer, audience, leeway).
-    pub fn token_policy(&self) -> TokenPolicy {
+    pub(crate) fn token_policy(&self) -> TokenPolicy {
         self.config.token_policy()
     }
 
     /// Stops the server gracefully and waits for it; keeps the data dir.
-    pub async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -95,18 +147,26 @@ impl TestServer {
         }
     }
 
-    /// Stops this server and starts a new one on the same data dir.
-    pub async fn restart(mut self) -> Self {
+    /// Stops this server and starts a new one on the same data dir, with
+    /// the same settings and options (on a new port).
+    pub(crate) async fn restart(mut self) -> Self {
         self.stop().await;
         let dir = self._dir.take();
-        let mut next = Self::start_in(&self.data_dir.clone(), |_| {}).await;
+        let config = self.config.clone();
+        let keep = move |c: &mut ServeConfig| {
+            let listen = c.listen;
+            *c = config;
+            c.listen = listen;
+        };
+        let mut next =
+            Self::start_in_with(&self.data_dir.clone(), keep, self.options.clone()).await;
         next._dir = dir;
         next
     }
 
     /// A token for `sub` with `scopes` (space-separated), signed by the
     /// server's development key.
-    pub fn token(&self, sub: &str, scopes: &str) -> String {
+    pub(crate) fn token(&self, sub: &str, scopes: &str) -> String {
         DevIssuer::load(&self.data_dir)
             .expect("dev key")
             .mint(&self.token_policy(), sub, scopes, Duration::from_secs(600))
@@ -114,17 +174,17 @@ impl TestServer {
     }
 
     /// A token for `sub` with every user scope.
-    pub fn user_token(&self, sub: &str) -> String {
+    pub(crate) fn user_token(&self, sub: &str) -> String {
         self.token(sub, &Scope::user_scopes())
     }
 
     /// A typed client for `sub` with every user scope.
-    pub fn client(&self, sub: &str) -> Client {
+    pub(crate) fn client(&self, sub: &str) -> Client {
         Client::new(self.base.clone(), Some(self.user_token(sub))).expect("client")
     }
 
     /// A raw HTTP client (no auth); [`Caller`] sends through it.
-    pub fn http(&self) -> reqwest::Client {
+    pub(crate) fn http(&self) -> reqwest::Client {
         context_service::client::install_crypto_provider();
         reqwest::Client::new()
     }
@@ -142,7 +202,12 @@ impl Drop for TestServer {
 }
 
 /// Asserts an error response: status, `error` code, and a message fragment.
-pub async fn assert_error(resp: reqwest::Response, status: u16, code: &str, message_part: &str) {
+pub(crate) async fn assert_error(
+    resp: reqwest::Response,
+    status: u16,
+    code: &str,
+    message_part: &str,
+) {
     let got_status = resp.status().as_u16();
     let text = resp.text().await.expect("body");
     assert_eq!(got_status, status, "status for body {text}");

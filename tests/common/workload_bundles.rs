@@ -7,10 +7,10 @@ use flate2::Compression;
 use sha2::{Digest, Sha256};
 
 /// Media type of bundles.
-pub const MEDIA: &str = "application/vnd.rossoctl.context";
+pub(crate) const MEDIA: &str = "application/vnd.rossoctl.context";
 
 /// A gzip-compressed tar of `files` (path, contents), mode 0644.
-pub fn tgz(files: &[(&str, &[u8])]) -> Vec<u8> {
+pub(crate) fn tgz(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut builder = tar::Builder::new(GzEncoder::new(Vec::new(), Compression::fast()));
     for (path, data) in files {
         let mut header = tar::Header::new_gnu();
@@ -25,12 +25,12 @@ pub fn tgz(files: &[(&str, &[u8])]) -> Vec<u8> {
 
 /// A gzip-compressed tar with one member whose raw name is `name` (the tar
 /// crate refuses `..` in `append_data`, so the header is written by hand).
-pub fn tgz_raw_name(name: &str, data: &[u8]) -> Vec<u8> {
+pub(crate) fn tgz_raw_name(name: &str, data: &[u8]) -> Vec<u8> {
     super::archive::gz(&super::archive::TarBuf::new().file(name, data).finish())
 }
 
 /// Deterministic pseudo-random bytes (incompressible enough for size tests).
-pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn noise(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -45,12 +45,12 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// sha256 hex.
-pub fn sha256(data: &[u8]) -> String {
+pub(crate) fn sha256(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
 
 /// The files of a gzip tar bundle, sorted by path (regular files only).
-pub fn unpack(bundle: &[u8]) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn unpack(bundle: &[u8]) -> Vec<(String, Vec<u8>)> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bundle));
     let mut out = Vec::new();
     for entry in archive.entries().unwrap() {
@@ -68,7 +68,7 @@ pub fn unpack(bundle: &[u8]) -> Vec<(String, Vec<u8>)> {
 }
 
 /// The decompressed tar of a gzip bundle.
-pub fn gunzip(bundle: &[u8]) -> Vec<u8> {
+pub(crate) fn gunzip(bundle: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     flate2::read::GzDecoder::new(bundle)
         .read_to_end(&mut out)

@@ -7,7 +7,7 @@
 #   tests/k8s/testenv.sh up       start the cluster (idempotent)
 #   tests/k8s/testenv.sh down     stop everything `up` started (safe to repeat)
 #   tests/k8s/testenv.sh status   show what is running
-#   tests/k8s/testenv.sh env      print `export KUBECONFIG=...` for the running cluster
+#   tests/k8s/testenv.sh env      print `export KUBECONFIG=...` (and the exec root and bin dir)
 #
 # Everything binds to 127.0.0.1. Binaries live in a cache outside the repo,
 # pids/logs/kubeconfig in a state dir outside the repo.
@@ -477,6 +477,8 @@ cmd_env() {
 	echo "export CONTEXT_SERVICE_TESTENV_EXEC_ROOT=$EXEC_ROOT"
 	# The kubectl built with the control plane (tests/k8s/deploy-check.sh).
 	echo "export CONTEXT_SERVICE_TESTENV_KUBECTL=$BIN/kubectl"
+	# The cached binaries, e.g. the matching kubectl for benchmarks.
+	echo "export CONTEXT_SERVICE_TESTENV_BIN=$BIN"
 }
 
 main() {

@@ -5,7 +5,7 @@
 //!
 //! The input chain is `R` → compressed counter → gzip decoder → inflated
 //! counter → tar walker, all on the calling thread. Accepted file contents
-//! go to an unnamed spool file. While members arrive in canonical order
+//! go to an unnamed, LZ4-compressed spool file. While members arrive in canonical order
 //! (as `contextctl bundle pack` and `tar --sort=name` write them) the
 //! canonical tar is also produced *speculatively* on the fly and handed to
 //! a sink thread (hash or gzip), so the two cores overlap inflate and
@@ -27,6 +27,7 @@ use writer::{
     TarTap, CHUNK,
 };
 
+use super::budget::{Charge, Charged};
 use super::context_layout;
 use super::error::BundleError;
 use super::limits::{CanonicalOptions, Limits};
@@ -35,7 +36,7 @@ use super::reader::{
     ensure_no_trailing, trip, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap,
 };
 use super::report::{Inspection, Report};
-use super::spool::{RangeReader, Spool};
+use super::spool::{RangeReader, Spool, SpoolFile};
 use super::tree::{FileNode, Node, Tree};
 
 /// Validates a gzip-compressed tar and computes its revision, without
@@ -43,24 +44,34 @@ use super::tree::{FileNode, Node, Tree};
 /// [`canonicalize`] for that). File contents are spooled to an unnamed
 /// temporary file unless the members arrive in canonical order.
 pub fn inspect<R: Read>(input: R, limits: &Limits) -> Result<Inspection, BundleError> {
-    Ok(run::<R, io::Sink>(input, limits, None, None)?.inspection())
+    Ok(run::<R, io::Sink>(input, limits, None, None, &Charge::default())?.inspection())
 }
 
 /// The upload path: validates while streaming and writes the canonical
 /// gzip bundle to `out`. On error, `out` may hold a partial bundle; the
-/// caller discards it.
+/// caller discards it. Temporary files are charged to
+/// `opts.temp_budget`; a run it cannot hold fails with
+/// [`BundleError::TempSpaceExhausted`].
 pub fn canonicalize<R: Read, W: Write>(
     input: R,
     limits: &Limits,
     opts: &CanonicalOptions,
     out: W,
 ) -> Result<Report, BundleError> {
+    let charge = Charge::new(opts.temp_budget.as_ref());
     let outcome = run(
         input,
         limits,
         Some((opts.gzip_level, out)),
         opts.temp_dir.as_deref(),
-    )?;
+        &charge,
+    )
+    // Whatever the refusal surfaced as (a spool write, a stopped sink),
+    // the cause is the budget.
+    .map_err(|e| match charge.refused() {
+        Some(limit) => BundleError::TempSpaceExhausted { limit },
+        None => e,
+    })?;
     let (digest, bundle_bytes) = outcome.bundle.ok_or_else(|| BundleError::Internal {
         detail: "canonical bundle was not produced".into(),
     })?;
@@ -130,11 +141,15 @@ struct Speculation {
 }
 
 impl Speculation {
-    fn start(gzip_level: Option<u32>, temp_dir: Option<&Path>) -> Result<Self, BundleError> {
+    fn start(
+        gzip_level: Option<u32>,
+        temp_dir: Option<&Path>,
+        charge: &Charge,
+    ) -> Result<Self, BundleError> {
         let job = match gzip_level {
             Some(level) => SinkJob {
                 hash: false,
-                gzip: Some((level, temp_file(temp_dir)?)),
+                gzip: Some((level, Charged::new(temp_file(temp_dir)?, charge.clone()))),
             },
             None => SinkJob {
                 hash: true,
@@ -199,6 +214,7 @@ fn run<R: Read, W: Write>(
     limits: &Limits,
     gz_out: Option<(u32, W)>,
     temp_dir: Option<&Path>,
+    charge: &Charge,
 ) -> Result<Outcome, BundleError> {
     let trap: Trap = Rc::default();
     let compressed = CompressedCounter::new(input, limits.compressed_bytes, trap.clone());
@@ -208,24 +224,31 @@ fn run<R: Read, W: Write>(
         InflateCounter::new(decoder, limits.inflated_bytes, trap.clone()),
     );
     let mut walker = TarWalker::new(inflated, limits, trap.clone());
-    let mut spool = Spool::new(temp_dir).map_err(storage)?;
+    let mut spool = Spool::new(temp_dir, charge.clone()).map_err(storage)?;
     let level = gz_out.as_ref().map(|(level, _)| *level);
-    let mut spec = Some(Speculation::start(level, temp_dir)?);
+    let mut spec = Some(Speculation::start(level, temp_dir, charge)?);
     let mut tree = Tree::default();
     let mut entries = 0u64;
+    let mut root_seen = false;
     let mut members = 0u64;
     let mut buf = vec![0u8; CHUNK];
 
     while let Some(member) = walker.next_member()? {
         members += 1;
-        entries += 1;
         let shown = member
             .path
             .as_ref()
             .map_or_else(|| member.name.clone(), |p| p.as_str().to_owned());
-        check_entries(entries, limits, &shown)?;
-        // The archive root (`./`) is implicit in the canonical tree.
-        let Some(path) = member.path else { continue };
+        // The archive root (`./`) is implicit in the canonical tree; it
+        // counts once, like every other distinct path.
+        let Some(path) = member.path else {
+            if !root_seen {
+                root_seen = true;
+                entries += 1;
+                check_entries(entries, limits, &shown)?;
+            }
+            continue;
+        };
         let created = match member.kind {
             MemberKind::Dir => tree.add_dir(path.clone())?,
             MemberKind::File { exec } => tree.add_file(
@@ -237,7 +260,9 @@ fn run<R: Read, W: Write>(
                 },
             )?,
         };
-        entries += created.iter().filter(|p| **p != path).count() as u64;
+        // Each distinct path counts once: an explicit directory that arrives
+        // after the files that implied it creates nothing new.
+        entries += created.len() as u64;
         check_entries(entries, limits, &shown)?;
 
         let out_of_order = match (&spec, created.first()) {
@@ -287,7 +312,7 @@ fn run<R: Read, W: Write>(
     ensure_no_trailing(&mut gz_in, &trap)?;
     let compressed_bytes = gz_in.get_ref().count();
 
-    let spool = spool.into_file().map_err(storage)?;
+    let spool = spool.finish().map_err(storage)?;
     let mut open = |_: &str, f: &FileNode| -> Result<Box<dyn Read + '_>, BundleError> {
         Ok(Box::new(RangeReader::new(&spool, f.offset, f.size)))
     };
@@ -362,7 +387,7 @@ fn finish_speculation<W: Write>(
 /// Emits the canonical archive from the tree and the spool.
 fn emit_from_spool<W: Write>(
     tree: &Tree,
-    spool: &File,
+    spool: &SpoolFile,
     gz_out: Option<(u32, W)>,
 ) -> Result<Emitted, BundleError> {
     let mut open = |_: &str, f: &FileNode| -> Result<Box<dyn Read + '_>, BundleError> {

@@ -18,6 +18,8 @@ use flate2::write::GzEncoder;
 use flate2::{Compression, GzBuilder};
 use sha2::{Digest, Sha256};
 
+use crate::bundle::budget::Charged;
+
 /// Chunk size for copies and for the hand-off to the sink thread: large
 /// enough that per-call costs (hash, deflate, channel) vanish.
 pub(crate) const CHUNK: usize = 256 * 1024;
@@ -119,8 +121,8 @@ impl<W: Write> Write for Chunked<W> {
 pub(crate) struct SinkJob {
     /// Hash the tar (the revision) on the sink thread.
     pub hash: bool,
-    /// Gzip at this level into this file.
-    pub gzip: Option<(u32, File)>,
+    /// Gzip at this level into this (temporary, charged) file.
+    pub gzip: Option<(u32, Charged<File>)>,
 }
 
 /// What the sink thread produced.
@@ -236,8 +238,10 @@ pub(crate) fn spawn_sink(job: SinkJob) -> io::Result<(ChunkSender, Sink)> {
             let gz = match gz {
                 Some(g) => {
                     let (buffered, digest, bytes) = g.finish()?.finish();
-                    let file = buffered.into_inner().map_err(|e| e.into_error())?;
-                    Some((file, digest, bytes))
+                    let file = buffered
+                        .into_inner()
+                        .map_err(std::io::IntoInnerError::into_error)?;
+                    Some((file.into_inner(), digest, bytes))
                 }
                 None => None,
             };
@@ -354,6 +358,36 @@ fn header_for(name: &str, entry_type: tar::EntryType, mode: u32, size: u64) -> (
     (header, needs_pax)
 }
 
+/// Name of the PAX extended header. The tar crate's
+/// `append_pax_extensions` leaves it empty, and busybox tar takes a header
+/// with an empty name for an end-of-archive block (then fails on the
+/// records); Python's fixed name is short and understood everywhere.
+const PAX_HEADER_NAME: &str = "././@PaxHeader";
+
+/// The PAX extended header and its one `path` record for `name`.
+fn pax_path_header(name: &str) -> (tar::Header, Vec<u8>) {
+    // A record is "<len> path=<name>\n" where <len> counts its own digits.
+    let rest = " path=".len() + name.len() + 1;
+    let mut len = rest + 1;
+    while len != rest + len.to_string().len() {
+        len = rest + len.to_string().len();
+    }
+    let mut records = format!("{len} path=").into_bytes();
+    records.extend_from_slice(name.as_bytes());
+    records.push(b'\n');
+    let mut header = tar::Header::new_ustar();
+    let fixed = header.set_path(PAX_HEADER_NAME);
+    debug_assert!(fixed.is_ok(), "the PAX header name fits ustar");
+    header.set_entry_type(tar::EntryType::XHeader);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_size(records.len() as u64);
+    header.set_cksum();
+    (header, records)
+}
+
 impl<W: Write> CanonicalTar<W> {
     pub(crate) fn new(w: W) -> Self {
         Self {
@@ -377,8 +411,8 @@ impl<W: Write> CanonicalTar<W> {
     ) -> io::Result<()> {
         let (header, needs_pax) = header_for(name, ty, mode, size);
         if needs_pax {
-            self.builder
-                .append_pax_extensions([("path", name.as_bytes())])?;
+            let (pax, records) = pax_path_header(name);
+            self.builder.append(&pax, records.as_slice())?;
         }
         self.builder.get_mut().write_all(header.as_bytes())?;
         self.entries += 1;

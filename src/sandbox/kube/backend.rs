@@ -15,14 +15,14 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use crate::pool::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
-use crate::pool::{BackendError, SandboxBackend};
+use crate::pool::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
+use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 use super::crd::{Sandbox, SandboxClaim};
 use super::objects;
 use super::settings::KubeSettings;
 use super::status;
-use super::watch::{self, CacheError, Caches, Watchers};
+use super::watch::{self, CacheError, Caches, SelectorWatches, Watchers};
 
 /// Why a [`KubeBackend`] cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +74,8 @@ pub struct KubeBackend {
     pub(super) creating: InFlight,
     /// The watch caches, once started.
     pub(super) caches: OnceLock<(Caches, Watchers)>,
+    /// Caches of Sandboxes by label selector, for shared delivery targets.
+    pub(super) selected: SelectorWatches,
 }
 
 impl std::fmt::Debug for KubeBackend {
@@ -102,6 +104,7 @@ impl KubeBackend {
             settings: Arc::new(settings),
             creating: InFlight::default(),
             caches: OnceLock::new(),
+            selected: SelectorWatches::default(),
         })
     }
 
@@ -346,11 +349,52 @@ impl SandboxBackend for KubeBackend {
     }
 
     async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError> {
-        self.list_context_pvcs(namespace).await
+        self.list_context_pvcs(Some(namespace)).await
+    }
+
+    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+        self.list_context_pvcs(None).await
     }
 
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
         self.delete_context_pvc(namespace, name).await
+    }
+
+    /// From a cache of the Sandboxes `selector` matches, started (and
+    /// waited for) on the first call with that selector.
+    async fn list_sandboxes(&self, selector: &LabelSelector) -> Result<Vec<Member>, BackendError> {
+        let store = self.selected.sandboxes(
+            &self.client,
+            &self.settings.namespace,
+            &selector.to_string(),
+        );
+        match tokio::time::timeout(self.settings.initial_sync_timeout, store.wait_until_ready())
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                return Err(BackendError::internal(
+                    "list shared sandboxes",
+                    CacheError::Stopped("selected sandboxes"),
+                ))
+            }
+            Err(_) => {
+                return Err(BackendError::internal(
+                    "list shared sandboxes",
+                    CacheError::NotSynced,
+                ))
+            }
+        }
+        let mut members: Vec<Member> = store
+            .state()
+            .iter()
+            // The API filtered already; checked again so the cache can never
+            // widen what the operator selected.
+            .filter(|sandbox| selector.matches(sandbox.labels()))
+            .map(|sandbox| status::sandbox_member(sandbox))
+            .collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(members)
     }
 }
 
@@ -405,7 +449,7 @@ impl InFlight {
         // The set stays consistent even if a holder panicked.
         self.0
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Marks `name` in flight; `None` if it already is.

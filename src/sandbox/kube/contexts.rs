@@ -52,12 +52,16 @@ impl KubeBackend {
             .filter(|status| status.name == name))
     }
 
-    /// The named contexts in `namespace`, sorted by name.
+    /// The named contexts in `namespace` (or in every namespace: the
+    /// ClusterRole grants `list` on PVCs), sorted by name.
     pub(super) async fn list_context_pvcs(
         &self,
-        namespace: &str,
+        namespace: Option<&str>,
     ) -> Result<Vec<ContextStatus>, BackendError> {
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<PersistentVolumeClaim> = match namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
         let list = api
             .list(&ListParams::default().labels(&objects::managed_selector()))
             .await

@@ -12,6 +12,7 @@ pub mod backend;
 mod contexts;
 pub mod crd;
 mod create;
+pub mod exec;
 pub mod objects;
 pub mod settings;
 pub mod status;

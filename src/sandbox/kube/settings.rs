@@ -39,6 +39,9 @@ pub struct KubeSettings {
     /// otherwise fails the claims with `InvalidMetadata`; turn it off for a
     /// stock controller, at the price of a selector that matches no warm pod.
     pub claim_pod_label: bool,
+    /// Container that deliveries exec into (`CS_DELIVERY_CONTAINER`);
+    /// `None` = each sandbox pod's first container.
+    pub delivery_container: Option<String>,
     /// How long a create waits for the watch caches to observe the objects it
     /// made, so that an immediate `get` does not answer "not found".
     pub cache_sync_timeout: Duration,
@@ -65,6 +68,7 @@ impl KubeSettings {
             sandbox_memory_limit: "256Mi".to_string(),
             claim_ttl: Duration::from_secs(24 * 60 * 60),
             claim_pod_label: true,
+            delivery_container: None,
             cache_sync_timeout: Duration::from_secs(5),
             initial_sync_timeout: Duration::from_secs(30),
         }

@@ -16,10 +16,11 @@ use tokio::sync::mpsc;
 use tower_test::mock;
 
 use super::{KubeBackend, KubeSettings};
+use crate::pool::model::Member;
 use crate::pool::model::{
     AccessMode, ContextPhase, ContextSpec, ContextType, PoolPhase, PoolSpec, Strategy,
 };
-use crate::pool::{BackendError, SandboxBackend};
+use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 const NS: &str = "pools";
 const OWNER: &str = "0123456789abcdef0123456789abcdef";
@@ -204,6 +205,26 @@ impl FakeApi {
         };
         let segments: Vec<&str> = parts.uri.path().split('/').collect();
         let Some(at) = segments.iter().position(|s| *s == "namespaces") else {
+            // A list across namespaces: `/api/v1/<plural>`.
+            if parts.method == Method::GET {
+                if let Some(plural) = segments.last() {
+                    let query = parts.uri.query().unwrap_or_default();
+                    let selector = query_param(query, "labelSelector").unwrap_or_default();
+                    let suffix = format!("/{plural}");
+                    let items: Vec<Value> = self
+                        .state()
+                        .objects
+                        .iter()
+                        .filter(|(key, _)| key.ends_with(&suffix))
+                        .flat_map(|(_, objects)| objects.values())
+                        .filter(|o| selector_matches(&selector, o))
+                        .cloned()
+                        .collect();
+                    let list = json!({"apiVersion": "v1", "kind": "List",
+                        "metadata": {"resourceVersion": "1"}, "items": items});
+                    return respond(StatusCode::OK, &list);
+                }
+            }
             return respond(
                 StatusCode::NOT_FOUND,
                 &status_body(404, "NotFound", "no such path"),
@@ -211,7 +232,7 @@ impl FakeApi {
         };
         let namespace = segments[at + 1].to_string();
         let plural = segments[at + 2].to_string();
-        let path_name = segments.get(at + 3).map(|s| s.to_string());
+        let path_name = segments.get(at + 3).map(std::string::ToString::to_string);
         let body_name = body["metadata"]["name"].as_str().map(str::to_string);
         let name = path_name.clone().or(body_name);
         let query = parts.uri.query().unwrap_or_default().to_string();
@@ -1100,6 +1121,10 @@ async fn named_contexts_are_pvcs_in_the_requested_namespace() {
     assert_eq!(got.size, "5Gi");
     assert_eq!(got.storage_class.as_deref(), Some("fast"));
     assert_eq!(backend.list_contexts("team1").await.expect("list").len(), 1);
+    // The quota counts contexts across namespaces.
+    let all = backend.list_all_contexts().await.expect("list all");
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].namespace, "team1");
     assert!(backend
         .list_contexts("team2")
         .await
@@ -1168,4 +1193,62 @@ async fn settings_without_an_image_are_refused() {
         error.to_string(),
         "kube backend setting sandbox image must not be empty"
     );
+}
+
+#[tokio::test]
+async fn shared_sandboxes_come_from_a_cache_of_the_selector() {
+    let fake = FakeApi::default();
+    let sandbox = |name: &str, tier: &str, ready: &str| {
+        json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "metadata": {"name": name, "labels": {"tier": tier}},
+            "spec": {"podTemplate": {"spec": {"containers": []}}},
+            "status": {"conditions": [ready_condition(ready, "DependenciesReady", "")]},
+        })
+    };
+    let mut annotated = sandbox("shared-b", "shared", "True");
+    annotated["metadata"]["annotations"] = json!({"agents.x-k8s.io/pod-name": "shared-b-pod"});
+    fake.insert(NS, SANDBOXES, annotated);
+    fake.insert(NS, SANDBOXES, sandbox("shared-a", "shared", "False"));
+    fake.insert(NS, SANDBOXES, sandbox("private", "private", "True"));
+    let backend = fake.backend();
+    let selector: LabelSelector = "tier=shared".parse().expect("selector");
+
+    let members = backend.list_sandboxes(&selector).await.expect("list");
+    let expected = |a_ready: bool| {
+        vec![
+            Member {
+                name: "shared-a".into(),
+                pod: Some("shared-a".into()),
+                ready: a_ready,
+            },
+            Member {
+                name: "shared-b".into(),
+                pod: Some("shared-b-pod".into()),
+                ready: true,
+            },
+        ]
+    };
+    assert_eq!(members, expected(false));
+    assert_eq!(fake.lines(), ["LIST sandboxes"]);
+    assert!(fake
+        .requests()
+        .iter()
+        .all(|r| r.query.contains("labelSelector=tier%3Dshared")));
+
+    // Later reads come from the cache, which follows the watch.
+    fake.update(SANDBOXES, "shared-a", |sandbox| {
+        sandbox["status"] =
+            json!({"conditions": [ready_condition("True", "DependenciesReady", "")]});
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let members = backend.list_sandboxes(&selector).await.expect("list");
+        if members == expected(true) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{members:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(fake.lines(), ["LIST sandboxes"], "reads made API calls");
 }

@@ -87,6 +87,58 @@ pub fn start(client: &Client, namespace: &str) -> (Caches, Watchers) {
     (caches, Watchers { tasks })
 }
 
+/// Sandbox reflectors started on demand, one per label selector (the
+/// operator's shared-sandbox selector: Sandboxes this service did not make
+/// and the managed caches do not hold). Dropping this stops them.
+#[derive(Default)]
+pub struct SelectorWatches {
+    stores: std::sync::Mutex<SelectedStores>,
+}
+
+/// Selector → its store and the reflector task feeding it.
+type SelectedStores = std::collections::HashMap<String, (Store<Sandbox>, JoinHandle<()>)>;
+
+impl SelectorWatches {
+    /// The cache of the Sandboxes in `namespace` matching `selector`,
+    /// started by the first call for that selector.
+    pub fn sandboxes(&self, client: &Client, namespace: &str, selector: &str) -> Store<Sandbox> {
+        // The map stays consistent even if a holder panicked.
+        let mut stores = self
+            .stores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((store, _)) = stores.get(selector) {
+            return store.clone();
+        }
+        // Nobody waits on these changes; the sender only feeds the counter.
+        let changed = Arc::new(watch::channel(0u64).0);
+        let mut tasks = Vec::with_capacity(1);
+        let store = spawn_reflector::<Sandbox>(
+            client,
+            namespace,
+            watcher::Config::default().labels(selector),
+            &changed,
+            &mut tasks,
+        );
+        if let Some(task) = tasks.pop() {
+            stores.insert(selector.to_string(), (store.clone(), task));
+        }
+        store
+    }
+}
+
+impl Drop for SelectorWatches {
+    fn drop(&mut self) {
+        let stores = self
+            .stores
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (_, task) in stores.values() {
+            task.abort();
+        }
+    }
+}
+
 /// Spawns a reflector for `K` and returns its store. Every event (and every
 /// re-list) bumps the change counter; errors are logged and retried with
 /// kube-runtime's default backoff.

@@ -67,6 +67,23 @@ impl Inner {
     }
 
     /// Every named context in `ns`, sorted by name.
+    /// The named contexts of every namespace.
+    pub(super) fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+        let entries = match fs::read_dir(self.namespaces_dir()) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(BackendError::internal("list namespaces", e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(internal("list namespaces".to_owned()))?;
+            if let Some(ns) = entry.file_name().to_str() {
+                out.extend(self.list_contexts(ns)?);
+            }
+        }
+        Ok(out)
+    }
+
     pub(super) fn list_contexts(&self, ns: &str) -> Result<Vec<ContextStatus>, BackendError> {
         let dir = self.ns_dir(ns).join("volumes");
         let entries = match fs::read_dir(&dir) {

@@ -68,7 +68,7 @@ impl Inner {
             match self.read_volume(&self.namespace, volume)? {
                 Some(meta) if !meta.meta.belongs_to(&spec.name) => {}
                 _ => {
-                    remove_dir(&dir).map_err(internal(format!("delete workspace PVC {volume}")))?
+                    remove_dir(&dir).map_err(internal(format!("delete workspace PVC {volume}")))?;
                 }
             }
         }

@@ -23,7 +23,12 @@ pub(super) const SANDBOX_FILE: &str = "sandbox.json";
 impl Inner {
     /// `namespaces/<ns>`.
     pub(super) fn ns_dir(&self, ns: &str) -> PathBuf {
-        self.root.join("namespaces").join(ns)
+        self.namespaces_dir().join(ns)
+    }
+
+    /// The folder of every namespace.
+    pub(super) fn namespaces_dir(&self) -> PathBuf {
+        self.root.join("namespaces")
     }
 
     /// Pool records, in the service namespace.

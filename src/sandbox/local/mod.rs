@@ -28,12 +28,13 @@
 //! `records` (the JSON records), `plan` (what a spec creates),
 //! `reservation` (conflicts and names in flight), `create` (creation and
 //! rollback), `delete` (deletion and crash recovery), `status` and
-//! `contexts`. This module holds the backend type and the trait
+//! `contexts`, and `exec` (the delivery exec port). This module holds the backend type and the trait
 //! implementation, which runs each operation on the blocking pool.
 
 mod contexts;
 mod create;
 mod delete;
+mod exec;
 mod layout;
 mod plan;
 mod records;
@@ -48,8 +49,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::fsutil;
-use crate::pool::model::{ContextSpec, ContextStatus, PoolSpec, PoolStatus};
-use crate::pool::{BackendError, SandboxBackend};
+use crate::pool::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
+use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 use layout::SANDBOX_FILE;
 use reservation::Reservations;
@@ -179,7 +180,7 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn list_pools(&self) -> Result<Vec<PoolStatus>, BackendError> {
-        self.blocking(|inner| inner.list_pools()).await
+        self.blocking(Inner::list_pools).await
     }
 
     async fn delete_pool(&self, name: &str) -> Result<bool, BackendError> {
@@ -233,9 +234,19 @@ impl SandboxBackend for LocalBackend {
         self.blocking(move |inner| inner.list_contexts(&ns)).await
     }
 
+    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+        self.blocking(Inner::list_all_contexts).await
+    }
+
     async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
         let (ns, name) = (namespace.to_owned(), name.to_owned());
         self.blocking(move |inner| inner.delete_context(&ns, &name))
+            .await
+    }
+
+    async fn list_sandboxes(&self, selector: &LabelSelector) -> Result<Vec<Member>, BackendError> {
+        let selector = selector.clone();
+        self.blocking(move |inner| inner.list_sandboxes(&selector))
             .await
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::pool::model::{
     AccessMode, Member, PoolPhase, PoolSpec, PoolStatus, Strategy, WorkspaceView,
 };
-use crate::pool::BackendError;
+use crate::pool::{BackendError, LabelSelector};
 
 use super::layout::SANDBOX_FILE;
 use super::plan::Plan;
@@ -128,6 +128,46 @@ impl Inner {
             members,
             owner_scope: spec.owner_scope.clone(),
         })
+    }
+
+    /// Every sandbox whose recorded labels match `selector`, sorted by
+    /// name. Ready when its record is readable and its volume (if any)
+    /// exists, as in [`Inner::status`].
+    pub(super) fn list_sandboxes(
+        &self,
+        selector: &LabelSelector,
+    ) -> Result<Vec<Member>, BackendError> {
+        let dir = self.ns_dir(&self.namespace).join("sandboxes");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(BackendError::internal("list sandboxes", e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| BackendError::internal("list sandboxes", e))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            // A sandbox removed between listing and reading is simply gone.
+            let Some(meta) = self.read_sandbox(&name)? else {
+                continue;
+            };
+            if !selector.matches(&meta.meta.labels) {
+                continue;
+            }
+            let mounted = match &meta.volume {
+                Some(v) => self.read_volume(&self.namespace, v)?.is_some(),
+                None => true,
+            };
+            out.push(Member {
+                name,
+                pod: None,
+                ready: mounted,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
     }
 
     /// The workspace as upstream reports it.

@@ -238,6 +238,21 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
     )
 }
 
+/// A Sandbox outside any pool (e.g. a shared one an operator selects) as a
+/// delivery target: its pod, and ready while its `Ready` condition is true
+/// and it is not being deleted.
+pub fn sandbox_member(sandbox: &Sandbox) -> Member {
+    let ready_condition = sandbox
+        .status
+        .as_ref()
+        .and_then(|status| condition(&status.conditions, "Ready"));
+    Member {
+        name: sandbox.name_any(),
+        pod: Some(pod_name(sandbox)),
+        ready: is_true(ready_condition) && sandbox.metadata.deletion_timestamp.is_none(),
+    }
+}
+
 /// Pod of a Sandbox: the controller's pod-name annotation, else the Sandbox name.
 fn pod_name(sandbox: &Sandbox) -> String {
     sandbox

@@ -1,0 +1,534 @@
+//! Rendering the deliver and release scripts from their templates, and
+//! parsing the lines they print.
+//!
+//! Every value is checked against a strict character rule before it is
+//! interpolated, and then single-quoted, so no value can reach the shell
+//! as anything but one literal word.
+
+use serde::{Deserialize, Serialize};
+
+use crate::workload::names::is_valid_name;
+
+/// The deliver script template (`sh -c`), see the module docs.
+const DELIVER_TEMPLATE: &str = include_str!("deliver.sh");
+
+/// The release script template (`sh -c`), see the module docs.
+const RELEASE_TEMPLATE: &str = include_str!("release.sh");
+
+/// The default delivery root inside a sandbox.
+pub const DEFAULT_ROOT: &str = "/workspace/.context";
+
+/// Longest accepted delivery root, in bytes.
+const MAX_ROOT_BYTES: usize = 1024;
+
+/// Largest size or count the scripts accept: shell arithmetic and `test`
+/// use signed 64-bit integers, and sums of two such values must fit.
+const MAX_SHELL_INT: u64 = 1 << 62;
+
+/// Every `ERROR` code the scripts print, for metrics labels and docs.
+/// [`parse_line`] also accepts codes not listed here (any `[a-z_]+`), so
+/// an older gateway can read a newer script.
+pub const ERROR_CODES: &[&str] = &[
+    // A tool the script needs is not on PATH (the reason names it).
+    "missing_tool",
+    // The root cannot be created, written or locked.
+    "bad_root",
+    "lock_failed",
+    // The run id is already registered with another revision.
+    "run_conflict",
+    // Fewer bytes than announced arrived on stdin.
+    "short_transfer",
+    // sha256 of the received bytes is not the bundle digest.
+    "digest_mismatch",
+    // The bundle inflates past the recorded inflated size.
+    "too_large",
+    // sha256 of the inflated tar is not the revision.
+    "revision_mismatch",
+    // The extracted tree has more entries than recorded.
+    "too_many_entries",
+    // tar extracted fewer entries than recorded.
+    "extract_failed",
+    // A write failed because the sandbox's disk or quota is full.
+    "disk_full",
+    // Any other failed write (permissions, I/O errors).
+    "write_failed",
+    // The script got SIGHUP, SIGINT or SIGTERM.
+    "interrupted",
+];
+
+/// How thoroughly a cache hit is checked before it is trusted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verify {
+    /// Every path, entry kind, file mode and file size against the manifest
+    /// recorded at publish. Cheap (no file is read); a same-size edit of a
+    /// file's content passes.
+    #[default]
+    Default,
+    /// Also the sha256 of every file: reads the whole tree.
+    Full,
+}
+
+impl Verify {
+    /// The word the script template expects.
+    fn as_script_word(self) -> &'static str {
+        match self {
+            Verify::Default => "default",
+            Verify::Full => "full",
+        }
+    }
+}
+
+/// Everything the deliver script needs; the bundle facts are the ones the
+/// bundle engine recorded at upload ([`crate::bundle::Report`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliverRequest {
+    /// The delivery root inside the sandbox (see [`is_valid_root`]).
+    pub root: String,
+    /// The owner's scope: 32 lowercase hex digits (an HMAC of the owner).
+    pub scope: String,
+    /// The workload's name (the crate's workload-name rule).
+    pub workload: String,
+    /// The run id (`^[a-z0-9][a-z0-9._-]{0,62}$`).
+    pub run_id: String,
+    /// The revision: sha256 of the canonical tar, 64 lowercase hex digits.
+    pub revision: String,
+    /// sha256 of the gzip bundle, 64 lowercase hex digits.
+    pub bundle_digest: String,
+    /// Size of the gzip bundle: exactly what the gateway sends on a miss.
+    pub bundle_bytes: u64,
+    /// Size of the canonical tar the bundle inflates to.
+    pub inflated_bytes: u64,
+    /// Entries (files and directories) of the canonical tar.
+    pub entries: u64,
+    /// How a cache hit is verified.
+    pub verify: Verify,
+}
+
+impl DeliverRequest {
+    /// The absolute path of the run's read-only view, as the script prints
+    /// it in [`ScriptLine::Done`]. Meaningful only for a request that
+    /// renders.
+    pub fn view_path(&self) -> String {
+        format!(
+            "{}/runs/{}/{}/{}",
+            self.root, self.scope, self.workload, self.run_id
+        )
+    }
+}
+
+/// Everything the release script needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseRequest {
+    /// The delivery root inside the sandbox (see [`is_valid_root`]).
+    pub root: String,
+    /// The owner's scope: 32 lowercase hex digits.
+    pub scope: String,
+    /// The workload's name.
+    pub workload: String,
+    /// The run id to release.
+    pub run_id: String,
+    /// How many unreferenced revisions to keep per scope (0: remove a
+    /// revision as soon as its last run is released).
+    pub retention: u32,
+}
+
+/// A value that must not reach the shell.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScriptError {
+    /// A field breaks its rule; nothing was rendered. The message names
+    /// the field (API spelling) and the rule, never the value.
+    #[error("{field} is invalid: {rule}")]
+    Invalid {
+        /// The field, as the API spells it (`runId`, `root`, ...).
+        field: &'static str,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+}
+
+impl ScriptError {
+    /// The offending field, as the API spells it.
+    pub fn field(&self) -> &'static str {
+        match self {
+            ScriptError::Invalid { field, .. } => field,
+        }
+    }
+}
+
+/// One line the scripts print on stdout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScriptLine {
+    /// `NEED <n>`: send exactly `n` bundle bytes; 0 is a verified cache hit
+    /// (send nothing).
+    Need(u64),
+    /// The deliver script's final line: the run's view is in place.
+    Done {
+        /// Absolute path of the run's read-only view in the sandbox.
+        path: String,
+        /// The revision delivered.
+        revision: String,
+        /// True when no bytes were transferred (the cache dir verified).
+        cached: bool,
+    },
+    /// The release script's final line; false when there was no such run.
+    Released(bool),
+    /// `ERROR <code> <reason>`: the script failed (and exits non-zero).
+    Error {
+        /// A snake_case code, one of [`ERROR_CODES`] for this version.
+        code: String,
+        /// A one-line human reason.
+        reason: String,
+    },
+}
+
+/// A stdout line that is not part of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unexpected line from the delivery script: {line:?}")]
+pub struct LineError {
+    /// The line, shortened to 200 bytes for logs.
+    pub line: String,
+}
+
+/// Whether `run_id` matches `^[a-z0-9][a-z0-9._-]{0,62}$`.
+pub fn is_valid_run_id(run_id: &str) -> bool {
+    let b = run_id.as_bytes();
+    let first = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&b.len())
+        && b.first().is_some_and(first)
+        && b.iter()
+            .all(|c| first(c) || matches!(c, b'.' | b'_' | b'-'))
+}
+
+/// Whether `scope` is exactly 32 lowercase hex digits.
+pub fn is_valid_scope(scope: &str) -> bool {
+    is_lower_hex(scope, 32)
+}
+
+/// Whether `root` is a usable delivery root: absolute, or relative to the
+/// exec's working directory (no leading `/`; the script then prints an
+/// absolute path built from `$PWD`); at most 1024 bytes, only
+/// `[A-Za-z0-9._/-]`, and no empty, `.` or `..` component (so neither `/`
+/// itself, `//` nor a trailing `/`).
+pub fn is_valid_root(root: &str) -> bool {
+    let rest = root.strip_prefix('/').unwrap_or(root);
+    root.len() <= MAX_ROOT_BYTES
+        && rest.split('/').all(|c| {
+            !c.is_empty()
+                && c != "."
+                && c != ".."
+                && c.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        })
+}
+
+fn is_lower_hex(s: &str, len: usize) -> bool {
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn check(ok: bool, field: &'static str, rule: &'static str) -> Result<(), ScriptError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ScriptError::Invalid { field, rule })
+    }
+}
+
+const ROOT_RULE: &str =
+    "must be a path (absolute, or relative to the working directory) of [A-Za-z0-9._-] components, without '.', '..' or empty components";
+const SCOPE_RULE: &str = "must be 32 lowercase hex digits";
+const WORKLOAD_RULE: &str = "must be a lowercase DNS label of at most 50 characters";
+const RUN_ID_RULE: &str = "must match ^[a-z0-9][a-z0-9._-]{0,62}$";
+const DIGEST_RULE: &str = "must be 64 lowercase hex digits";
+const SIZE_RULE: &str = "must be between 1 and 2^62";
+const COUNT_RULE: &str = "must be at most 2^62";
+
+/// The checks both scripts share.
+fn check_run(root: &str, scope: &str, workload: &str, run_id: &str) -> Result<(), ScriptError> {
+    check(is_valid_root(root), "root", ROOT_RULE)?;
+    check(is_valid_scope(scope), "scope", SCOPE_RULE)?;
+    check(is_valid_name(workload), "workload", WORKLOAD_RULE)?;
+    check(is_valid_run_id(run_id), "runId", RUN_ID_RULE)
+}
+
+/// The value as one single-quoted shell word. Validated values never hold
+/// a quote; escaping it anyway keeps this function safe on its own.
+fn sh_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+/// Replaces each `@NAME@` of `template` with the quoted value; every
+/// placeholder must be used and none may remain.
+fn fill(template: &str, values: &[(&str, String)]) -> String {
+    let mut out = template.to_owned();
+    for (name, value) in values {
+        let placeholder = format!("@{name}@");
+        debug_assert!(out.contains(&placeholder), "template lacks {placeholder}");
+        out = out.replace(&placeholder, &sh_quote(value));
+    }
+    debug_assert!(!has_placeholder(&out), "unfilled placeholder in template");
+    out
+}
+
+/// Whether `s` still holds an `@NAME@` placeholder (`NAME`: `[A-Z_]+`).
+fn has_placeholder(s: &str) -> bool {
+    s.split('@')
+        .skip(1)
+        .zip(s.split('@').skip(2))
+        .any(|(name, _)| {
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')
+        })
+}
+
+/// Renders the deliver script for `req`, or refuses a value that breaks
+/// its rule (nothing is rendered then).
+pub fn render_deliver(req: &DeliverRequest) -> Result<String, ScriptError> {
+    check_run(&req.root, &req.scope, &req.workload, &req.run_id)?;
+    check(is_lower_hex(&req.revision, 64), "revision", DIGEST_RULE)?;
+    check(
+        is_lower_hex(&req.bundle_digest, 64),
+        "bundleDigest",
+        DIGEST_RULE,
+    )?;
+    check(
+        (1..=MAX_SHELL_INT).contains(&req.bundle_bytes),
+        "bundleBytes",
+        SIZE_RULE,
+    )?;
+    check(
+        (1..=MAX_SHELL_INT).contains(&req.inflated_bytes),
+        "inflatedBytes",
+        SIZE_RULE,
+    )?;
+    check(req.entries <= MAX_SHELL_INT, "entries", COUNT_RULE)?;
+    Ok(fill(
+        DELIVER_TEMPLATE,
+        &[
+            ("ROOT", req.root.clone()),
+            ("SCOPE", req.scope.clone()),
+            ("WORKLOAD", req.workload.clone()),
+            ("RUN_ID", req.run_id.clone()),
+            ("REVISION", req.revision.clone()),
+            ("BUNDLE_DIGEST", req.bundle_digest.clone()),
+            ("BUNDLE_BYTES", req.bundle_bytes.to_string()),
+            ("INFLATED_BYTES", req.inflated_bytes.to_string()),
+            // One byte past the recorded size, so an overrun is visible.
+            ("INFLATED_CAP", (req.inflated_bytes + 1).to_string()),
+            // The bundle and its tar coexist on disk for a while.
+            (
+                "MIN_SPACE",
+                (req.bundle_bytes + req.inflated_bytes).to_string(),
+            ),
+            ("ENTRIES", req.entries.to_string()),
+            ("VERIFY", req.verify.as_script_word().to_owned()),
+        ],
+    ))
+}
+
+/// Renders the release script for `req`, or refuses a value that breaks
+/// its rule.
+pub fn render_release(req: &ReleaseRequest) -> Result<String, ScriptError> {
+    check_run(&req.root, &req.scope, &req.workload, &req.run_id)?;
+    Ok(fill(
+        RELEASE_TEMPLATE,
+        &[
+            ("ROOT", req.root.clone()),
+            ("SCOPE", req.scope.clone()),
+            ("WORKLOAD", req.workload.clone()),
+            ("RUN_ID", req.run_id.clone()),
+            ("RETENTION", req.retention.to_string()),
+        ],
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DoneLine {
+    path: String,
+    revision: String,
+    cached: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleasedLine {
+    released: bool,
+}
+
+/// Parses one stdout line of either script (a trailing `\n` or `\r\n` is
+/// ignored).
+pub fn parse_line(line: &str) -> Result<ScriptLine, LineError> {
+    let line = line.trim_end_matches(['\n', '\r']);
+    let bad = || LineError {
+        line: shorten(line),
+    };
+    if let Some(n) = line.strip_prefix("NEED ") {
+        // Digits only: u64's parser would also take a leading '+'.
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        return n.parse().map(ScriptLine::Need).map_err(|_| bad());
+    }
+    if let Some(rest) = line.strip_prefix("ERROR ") {
+        let (code, reason) = rest.split_once(' ').unwrap_or((rest, ""));
+        if code.is_empty() || !code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+            return Err(bad());
+        }
+        return Ok(ScriptLine::Error {
+            code: code.to_owned(),
+            reason: reason.to_owned(),
+        });
+    }
+    if line.starts_with('{') {
+        if let Ok(d) = serde_json::from_str::<DoneLine>(line) {
+            return Ok(ScriptLine::Done {
+                path: d.path,
+                revision: d.revision,
+                cached: d.cached,
+            });
+        }
+        if let Ok(r) = serde_json::from_str::<ReleasedLine>(line) {
+            return Ok(ScriptLine::Released(r.released));
+        }
+    }
+    Err(bad())
+}
+
+/// At most 200 bytes of `line`, cut at a character boundary.
+fn shorten(line: &str) -> String {
+    let mut end = line.len().min(200);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    line[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> DeliverRequest {
+        DeliverRequest {
+            root: DEFAULT_ROOT.into(),
+            scope: "0123456789abcdef0123456789abcdef".into(),
+            workload: "wl-1".into(),
+            run_id: "run.1".into(),
+            revision: "a".repeat(64),
+            bundle_digest: "b".repeat(64),
+            bundle_bytes: 10,
+            inflated_bytes: 20,
+            entries: 3,
+            verify: Verify::Full,
+        }
+    }
+
+    #[test]
+    fn every_placeholder_is_filled() {
+        assert!(has_placeholder(DELIVER_TEMPLATE) && has_placeholder(RELEASE_TEMPLATE));
+        assert!(!has_placeholder("\"$@\" a@b c@d"));
+        let s = render_deliver(&req()).unwrap();
+        assert!(!has_placeholder(&s));
+        assert!(s.contains("\nroot='/workspace/.context'\n"));
+        assert!(s.contains("\ninflated_cap='21'\n"));
+        assert!(s.contains("\nverify='full'\n"));
+        let r = render_release(&ReleaseRequest {
+            root: "/r".into(),
+            scope: req().scope,
+            workload: "w".into(),
+            run_id: "x".into(),
+            retention: 4,
+        })
+        .unwrap();
+        assert!(!has_placeholder(&r));
+        assert!(r.contains("\nretention='4'\n"));
+    }
+
+    #[test]
+    fn every_error_code_is_listed() {
+        let mut printed: Vec<&str> = [DELIVER_TEMPLATE, RELEASE_TEMPLATE]
+            .iter()
+            .flat_map(|t| t.split("fail ").skip(1))
+            .filter_map(|rest| rest.split([' ', '"']).next())
+            .filter(|code| {
+                !code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            })
+            .collect();
+        printed.sort_unstable();
+        printed.dedup();
+        assert!(printed.len() >= 12, "{printed:?}");
+        for code in &printed {
+            assert!(ERROR_CODES.contains(code), "{code} is not in ERROR_CODES");
+        }
+        for code in ERROR_CODES {
+            assert!(printed.contains(code), "{code} is never printed");
+        }
+    }
+
+    #[test]
+    fn quoting_survives_a_quote() {
+        assert_eq!(sh_quote("a'b"), r"'a'\''b'");
+    }
+
+    #[test]
+    fn root_rule() {
+        for ok in [
+            "/a",
+            "/workspace/.context",
+            "/a-b/c_d/E.9",
+            "a",
+            ".context",
+            "w/.context",
+        ] {
+            assert!(is_valid_root(ok), "{ok}");
+        }
+        for bad in [
+            "", "/", "//a", "/a/", "/a/../b", "/a/./b", "/..", "/a b", "/a'b", "/a$b", "..",
+            "../a", "./a", "a/", "a//b", "a/../b", "a b", "a$(x)",
+        ] {
+            assert!(!is_valid_root(bad), "{bad}");
+        }
+        assert!(!is_valid_root(&format!("/{}", "a".repeat(1024))));
+    }
+
+    #[test]
+    fn run_id_rule() {
+        assert!(is_valid_run_id("a"));
+        assert!(is_valid_run_id(&format!("0{}", "._-".repeat(20) + "ab")));
+        assert!(!is_valid_run_id(&"a".repeat(64)));
+        for bad in ["", ".a", "-a", "_a", "A", "a b", "a/b"] {
+            assert!(!is_valid_run_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parses_every_line_kind() {
+        assert_eq!(parse_line("NEED 42\n"), Ok(ScriptLine::Need(42)));
+        assert!(parse_line("NEED +1").is_err());
+        assert!(parse_line("NEED ").is_err());
+        assert_eq!(
+            parse_line("ERROR disk_full no space left on device while receiving"),
+            Ok(ScriptLine::Error {
+                code: "disk_full".into(),
+                reason: "no space left on device while receiving".into()
+            })
+        );
+        assert!(parse_line("ERROR Bad code").is_err());
+        assert_eq!(
+            parse_line(r#"{"path":"/r/runs/s/w/x","revision":"ab","cached":true}"#),
+            Ok(ScriptLine::Done {
+                path: "/r/runs/s/w/x".into(),
+                revision: "ab".into(),
+                cached: true
+            })
+        );
+        assert_eq!(
+            parse_line("{\"released\":false}\r\n"),
+            Ok(ScriptLine::Released(false))
+        );
+        assert!(parse_line(r#"{"released":true,"x":1}"#).is_err());
+        let long = "é".repeat(300);
+        assert!(parse_line(&long).unwrap_err().line.len() <= 200);
+    }
+}

@@ -1,0 +1,2 @@
+module dec
+go 1.24
