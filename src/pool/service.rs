@@ -355,7 +355,8 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, BackendError>> + Send + 'static,
 {
-    match tokio::spawn(work).await {
+    // In the caller's span, so its log lines name the request.
+    match tokio::spawn(tracing::Instrument::in_current_span(work)).await {
         Ok(result) => result.map_err(|e| PoolError::from_backend(e, subject, doing)),
         Err(e) => Err(PoolError::Internal {
             doing,

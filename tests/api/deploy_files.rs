@@ -148,6 +148,17 @@ fn configmap_sets_every_setting_with_values_serve_accepts() {
         parsed.config.backend,
         context_service::config::BackendKind::Kube
     );
+    // Kubernetes kills the pod after terminationGracePeriodSeconds: the
+    // readiness grace and the drain must fit in it, with time to close the
+    // store.
+    let period = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("terminationGracePeriodSeconds");
+    let shutdown = parsed.config.shutdown_grace + parsed.config.shutdown_timeout;
+    assert!(
+        std::time::Duration::from_secs(period) >= shutdown + std::time::Duration::from_secs(5),
+        "terminationGracePeriodSeconds {period} leaves no room after {shutdown:?}"
+    );
     // The JWKS named is a file of the mounted keys Secret.
     let jwks = parsed.config.jwks_file.expect("CS_JWKS_FILE");
     let secret = document("deploy/base/secret.yaml", "Secret");

@@ -35,6 +35,7 @@ mod pools;
 mod quotas;
 mod readme_examples;
 mod service;
+mod shutdown;
 mod token_policy;
 mod upload_limits;
 mod workloads;
