@@ -1,6 +1,7 @@
 //! The application state shared by every handler, and how it is built from
 //! settings.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -13,9 +14,28 @@ use crate::config::{BackendKind, ServeConfig};
 use crate::delivery::{DeliveryDeps, DeliveryService, DeliverySettings, SandboxExec};
 use crate::fsutil;
 use crate::metrics::Metrics;
+use crate::pool::metrics::{self as pool_metrics, PoolMetrics};
 use crate::pool::{PoolQuotas, PoolService};
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
 use crate::workload::{UploadLimits, WorkloadService, WorkloadSettings};
+
+/// Whether the process still takes traffic: cleared when shutdown begins,
+/// so that `/readyz` turns unready before the listener closes. Cheap to
+/// clone (one shared flag).
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// Marks the process as leaving: `/readyz` answers `503` from now on.
+    pub fn drain(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`Readiness::drain`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
 
 /// Everything handlers need. Cheap to clone.
 #[derive(Clone)]
@@ -34,6 +54,8 @@ pub struct AppState {
     pub workloads: WorkloadService,
     /// Deliveries into sandboxes (`None` on a backend without exec).
     pub deliveries: Option<DeliveryService>,
+    /// Cleared when shutdown begins.
+    pub readiness: Readiness,
 }
 
 /// Wraps the backend's exec port, e.g. to count or corrupt execs in tests.
@@ -93,6 +115,9 @@ impl AppState {
         let pools = Arc::new(PoolService::with_quotas(backend.pools, quotas));
         let workloads = build_workloads(config).await?;
         metrics.with_registry(|r| workloads.metrics().register(r));
+        let pool_metrics = PoolMetrics::default();
+        metrics.with_registry(|r| pool_metrics.register(r));
+        pool_metrics::spawn_sampler(&pools, pool_metrics, pool_metrics::SAMPLE_EVERY);
         let deliveries = match backend.exec {
             Some(exec) => {
                 let exec = match &options.exec_wrapper {
@@ -120,6 +145,7 @@ impl AppState {
             pools,
             workloads,
             deliveries,
+            readiness: Readiness::default(),
         })
     }
 }

@@ -222,6 +222,18 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_MAX_REQUESTS_PER_CONNECTION", default_value_t = 1000)]
     pub max_requests_per_connection: usize,
 
+    /// On SIGTERM or SIGINT, how long `/readyz` answers `503` while new
+    /// connections are still served, so that load balancers stop sending
+    /// traffic before the listener closes (`0s`: close at once).
+    #[arg(long, env = "CS_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: std::time::Duration,
+
+    /// Once the listener is closed, how long in-flight requests (downloads
+    /// and uploads included) may take to finish; connections still open
+    /// then are closed, and the store is closed after them.
+    #[arg(long, env = "CS_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: std::time::Duration,
+
     /// Delivery root inside every sandbox: where delivered revisions, run
     /// views and the lock live. Absolute, or relative to the exec's working
     /// directory. On `local` it is taken inside the sandbox directory.

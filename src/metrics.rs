@@ -85,6 +85,11 @@ impl Metrics {
             connections_open.clone(),
         );
         let connections_refused = Family::<RefusalLabels, Counter>::default();
+        // Both caps' series exist from the start, so that `rate()` and the
+        // alerts see 0 rather than no series at all.
+        for limit in ["max_connections", "max_connections_per_ip"] {
+            let _ = connections_refused.get_or_create(&RefusalLabels { limit });
+        }
         registry.register(
             "http_connections_refused",
             "Client connections refused by a connection cap, by cap",

@@ -22,6 +22,16 @@ pub struct Server {
     state: AppState,
     connection_limits: ConnectionLimits,
     request_limits: RequestLimits,
+    shutdown: ShutdownTimes,
+}
+
+/// How shutdown proceeds once signalled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownTimes {
+    /// `/readyz` answers `503` this long before the listener closes.
+    pub grace: Duration,
+    /// In-flight requests get this long after the listener closed.
+    pub timeout: Duration,
 }
 
 impl Server {
@@ -55,6 +65,10 @@ impl Server {
             state,
             connection_limits,
             request_limits: config.request_limits(),
+            shutdown: ShutdownTimes {
+                grace: config.shutdown_grace,
+                timeout: config.shutdown_timeout,
+            },
         })
     }
 
@@ -77,18 +91,32 @@ impl Server {
         &self.state
     }
 
-    /// Serves until `shutdown` completes, then finishes in-flight requests.
+    /// Serves until `shutdown` completes, then shuts down in order:
+    /// `/readyz` answers `503` for the grace while everything is still
+    /// served; then both listeners close (new connections are refused) and
+    /// in-flight requests get the shutdown timeout to finish, after which
+    /// the connections still open are closed. Returns once no connection
+    /// holds the application state any more.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let metrics = self.state.metrics.clone();
+        let readiness = self.state.readiness.clone();
         let separate_metrics = self.metrics_listener.is_some();
         let app = api::router(self.state, self.request_limits, !separate_metrics);
-        // Both listeners stop on the one shutdown signal.
+        // Both listeners stop on the one shutdown signal, after the grace.
         let (stop, stopped) = tokio::sync::watch::channel(false);
+        let times = self.shutdown;
         tokio::spawn(async move {
             shutdown.await;
+            readiness.drain();
+            tracing::info!(
+                grace = ?times.grace,
+                timeout = ?times.timeout,
+                "shutting down: /readyz answers 503; the listener closes after the grace"
+            );
+            tokio::time::sleep(times.grace).await;
             let _ = stop.send(true);
         });
         let on_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
@@ -101,6 +129,7 @@ impl Server {
                 self.connection_limits,
                 metrics.clone(),
                 on_stop(stopped.clone()),
+                times.timeout,
             ))
         });
         conn::serve(
@@ -109,6 +138,7 @@ impl Server {
             self.connection_limits,
             metrics,
             on_stop(stopped),
+            times.timeout,
         )
         .await;
         if let Some(task) = metrics_server {
@@ -198,7 +228,7 @@ pub async fn shutdown_signal() {
         () = ctrl_c => {},
         () = term => {},
     }
-    tracing::info!("shutting down; finishing in-flight requests");
+    tracing::info!("shutdown signal received");
 }
 
 #[cfg(test)]

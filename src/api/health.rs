@@ -7,7 +7,7 @@ use axum::routing::get;
 use axum::Router;
 use serde_json::json;
 
-use super::error::ApiResult;
+use super::error::{ApiError, ApiResult};
 use super::json;
 use crate::app::AppState;
 
@@ -23,8 +23,17 @@ async fn healthz() -> Response {
 }
 
 /// Ready when the sandbox backend answers (the embedded store is opened at
-/// start-up, so a running process has it).
+/// start-up, so a running process has it) and the process is not shutting
+/// down: from the shutdown signal on, `503 shutting_down`, while the
+/// listener still serves for `--shutdown-grace`.
 async fn readyz(State(state): State<AppState>) -> ApiResult<Response> {
+    if state.readiness.is_draining() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the service is shutting down",
+        ));
+    }
     state.pools.check_ready().await?;
     Ok(json::respond(StatusCode::OK, &json!({"status": "ready"})))
 }

@@ -13,6 +13,7 @@ mod limits;
 pub mod mux;
 mod pools;
 mod rejection;
+pub mod request_id;
 mod trusted;
 mod workloads;
 
@@ -22,7 +23,6 @@ pub use error_body::ErrorBody;
 use axum::handler::Handler as _;
 use axum::routing::get;
 use axum::{middleware, Router};
-use tower_http::trace::TraceLayer;
 
 use crate::app::AppState;
 use crate::metrics::{self, Metrics};
@@ -58,10 +58,11 @@ pub fn router(state: AppState, limits: RequestLimits, with_metrics: bool) -> Rou
         .with_state(state);
     // Go's `ServeMux` answers around the whole router (redirects before
     // routing; the router's finished 405s with their `Allow`).
-    Router::new()
-        .fallback_service(api)
-        .layer(middleware::from_fn(mux::go_mux))
-        .layer(TraceLayer::new_for_http())
+    request_id::layer(
+        Router::new()
+            .fallback_service(api)
+            .layer(middleware::from_fn(mux::go_mux)),
+    )
 }
 
 /// `/metrics` alone, for its own listen address (`--metrics-addr`).
@@ -72,8 +73,9 @@ pub fn metrics_router(metrics: Metrics) -> Router {
         .route_layer(track.clone())
         .fallback(mux::not_found.layer(track))
         .with_state(metrics);
-    Router::new()
-        .fallback_service(routes)
-        .layer(middleware::from_fn(mux::go_mux))
-        .layer(TraceLayer::new_for_http())
+    request_id::layer(
+        Router::new()
+            .fallback_service(routes)
+            .layer(middleware::from_fn(mux::go_mux)),
+    )
 }

@@ -64,6 +64,7 @@ async fn create(
         kind: body.kind,
     };
     let view = svc.create(&principal.owner().key(), req).await?;
+    tracing::info!(workload = %view.name, kind = %view.kind, "workload created");
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 

@@ -1,10 +1,13 @@
 //! The Context Service server.
 
 use std::process::ExitCode;
+use std::sync::Weak;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use context_service::config::ServeConfig;
 use context_service::server::{shutdown_signal, Server};
+use context_service::store::MetadataStore;
 use context_service::telemetry;
 
 #[derive(Debug, Parser)]
@@ -24,14 +27,37 @@ enum Command {
     Serve(ServeConfig),
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// How long stopping the runtime waits for blocking work (an upload still
+/// being written after its connection was cut) before the process exits.
+const BLOCKING_WORK_WAIT: Duration = Duration::from_secs(5);
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(config) => {
             telemetry::init(config.log_format);
-            match serve(config).await {
-                Ok(()) => ExitCode::SUCCESS,
+            let result = tokio::runtime::Runtime::new()
+                .map_err(anyhow::Error::from)
+                .and_then(|runtime| {
+                    let served = runtime.block_on(serve(config));
+                    // Stopping the runtime drops every task, and with them
+                    // the last handles on the store: its drop is the clean
+                    // close that spares the next start a repair.
+                    runtime.shutdown_timeout(BLOCKING_WORK_WAIT);
+                    served
+                });
+            match result {
+                Ok(store) => {
+                    if store.strong_count() == 0 {
+                        tracing::info!("store closed; stopped");
+                    } else {
+                        tracing::warn!(
+                            "stopped with the store still in use by unfinished work; \
+                             the next start repairs it"
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
                 Err(e) => {
                     tracing::error!("{e:#}");
                     eprintln!("context-service: {e:#}");
@@ -42,8 +68,12 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+/// Serves until a shutdown signal and the drain after it; returns a weak
+/// handle on the store, to tell whether it was closed.
+async fn serve(config: ServeConfig) -> anyhow::Result<Weak<dyn MetadataStore>> {
     let server = Server::bind(&config).await?;
+    let store = server.state().workloads.store_handle();
     tracing::info!(addr = %server.local_addr()?, metrics_addr = ?server.metrics_addr()?, data_dir = %config.data_dir.display(), backend = ?config.backend, "listening");
-    server.run(shutdown_signal()).await
+    server.run(shutdown_signal()).await?;
+    Ok(store)
 }

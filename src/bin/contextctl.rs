@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use context_service::cli::bundle::BundleCommand;
 use context_service::cli::{self, token::TokenArgs, ConnectionArgs, OutputFormat};
 use context_service::cli::{context::ContextArgs, pool};
@@ -11,11 +11,31 @@ use context_service::cli::{context::ContextArgs, pool};
 #[command(
     name = "contextctl",
     version,
-    about = "Command-line client for Context Service"
+    about = "Command-line client for Context Service",
+    after_help = "\
+Examples:
+  contextctl health
+  contextctl -o json get team        # -o/--output goes before or after the command
+  contextctl workload ls -o wide
+  source <(contextctl completion bash)
+
+Environment: CONTEXT_SERVICE_URL, CONTEXT_SERVICE_TOKEN, CS_DATA_DIR (flags win).
+
+Exit status:
+  0  the command succeeded
+  1  it failed: the service refused or could not be reached, a bundle was rejected,
+     `wait` timed out (the reason is one line on stderr)
+  2  usage error: unknown command or flag, bad value, an --output the command cannot print"
 )]
 struct Cli {
-    /// Output format. (No `-o` short form: `bundle pack DIR -o FILE` uses it.)
-    #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Text)]
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long,
+        global = true,
+        value_enum,
+        default_value_t = OutputFormat::Text
+    )]
     output: OutputFormat,
     #[command(flatten)]
     conn: ConnectionArgs,
@@ -26,11 +46,19 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Validate or pack workload bundles offline.
+    #[command(after_help = "\
+Examples:
+  contextctl bundle inspect ./my-workload
+  contextctl bundle pack ./my-workload -f workload.tar.gz")]
     Bundle {
         #[command(subcommand)]
         cmd: BundleCommand,
     },
     /// Check that the service answers.
+    #[command(after_help = "\
+Examples:
+  contextctl health
+  contextctl health --url http://context-service:8080 -o json")]
     Health,
     /// Print the local development token, or mint one.
     Token(TokenArgs),
@@ -44,12 +72,28 @@ enum Command {
     #[command(visible_alias = "delete")]
     Rm(pool::RmArgs),
     /// List your sandbox pools.
+    #[command(after_help = "\
+Examples:
+  contextctl ls
+  contextctl ls -o wide               # with every pool's sandboxes
+  contextctl ls -o name               # pool/team, one a line")]
     Ls,
     /// Named contexts: standalone volumes (workspace, memory, knowledge, artifacts).
     Context(ContextArgs),
     /// Create, upload, activate, inspect, download and delete workloads.
     #[command(alias = "workloads")]
     Workload(cli::workload::WorkloadArgs),
+    /// Print a shell completion script.
+    #[command(after_help = "\
+Examples:
+  source <(contextctl completion bash)                       # this shell
+  contextctl completion zsh > \"${fpath[1]}/_contextctl\"     # zsh, every new shell
+  contextctl completion fish > ~/.config/fish/completions/contextctl.fish
+  contextctl completion powershell >> $PROFILE")]
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[tokio::main]
@@ -60,7 +104,10 @@ async fn main() -> ExitCode {
             eprintln!("contextctl: ignoring .env: {e}");
         }
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return cli::usage_failure(&e),
+    };
     let result = match cli.command {
         Command::Bundle { cmd } => Ok(cli::bundle::run(cmd, cli.output)),
         Command::Health => cli::health(&cli.conn, cli.output).await,
@@ -72,6 +119,15 @@ async fn main() -> ExitCode {
         Command::Ls => pool::ls(&cli.conn, cli.output).await,
         Command::Context(args) => cli::context::run(args, &cli.conn, cli.output).await,
         Command::Workload(args) => cli::workload::run(args, &cli.conn, cli.output).await,
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "contextctl",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     };
     result.unwrap_or_else(|e| cli::fail(&e))
 }

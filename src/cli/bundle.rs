@@ -15,6 +15,10 @@ use super::{OutputFormat, EXIT_FAILURE};
 pub enum BundleCommand {
     /// Validate a bundle file (gzip-compressed tar) or a directory and print
     /// its revision and bundle digest. Exits 1 if the service would reject it.
+    #[command(after_help = "\
+Examples:
+  contextctl bundle inspect workload.tar.gz
+  contextctl bundle inspect ./my-workload -o json   # rejections too, as {error, message, entry}")]
     Inspect {
         /// A `.tar.gz`/`.context` file, or a directory.
         path: PathBuf,
@@ -23,13 +27,17 @@ pub enum BundleCommand {
         gzip_level: u32,
     },
     /// Pack a directory into the canonical bundle.
+    #[command(after_help = "\
+Examples:
+  contextctl bundle pack ./my-workload -f workload.tar.gz
+  contextctl bundle pack ./my-workload -f workload.tar.gz -o json   # the report as JSON")]
     Pack {
         /// The directory to pack.
         dir: PathBuf,
         /// Where to write the bundle (written atomically: nothing is left
         /// behind on failure).
-        #[arg(short = 'o', long = "out", value_name = "FILE")]
-        out: PathBuf,
+        #[arg(short = 'f', long = "file", alias = "out", value_name = "FILE")]
+        file: PathBuf,
         /// gzip level of the canonical bundle.
         #[arg(long, default_value_t = CanonicalOptions::default().gzip_level)]
         gzip_level: u32,
@@ -38,14 +46,17 @@ pub enum BundleCommand {
 
 /// Runs a `bundle` subcommand.
 pub fn run(cmd: BundleCommand, output: OutputFormat) -> ExitCode {
+    if output == OutputFormat::Name {
+        return super::fail(&output.unsupported("bundle"));
+    }
     let limits = Limits::default();
     let result = match cmd {
         BundleCommand::Inspect { path, gzip_level } => inspect(&path, &limits, gzip_level),
         BundleCommand::Pack {
             dir,
-            out,
+            file,
             gzip_level,
-        } => pack(&dir, &out, &limits, gzip_level),
+        } => pack(&dir, &file, &limits, gzip_level),
     };
     match result {
         Ok(report) => {
@@ -103,7 +114,13 @@ fn print_report(report: &Report, output: OutputFormat) {
             Ok(json) => println!("{json}"),
             Err(e) => eprintln!("contextctl: {e}"),
         },
-        OutputFormat::Text => {
+        OutputFormat::Yaml => {
+            if let Err(e) = super::print_doc(report, output) {
+                eprintln!("contextctl: {e}");
+            }
+        }
+        // `run` refuses `name` before doing anything.
+        OutputFormat::Text | OutputFormat::Wide | OutputFormat::Name => {
             println!("revision       {}", report.revision);
             println!("bundleDigest   {}", report.bundle_digest);
             println!("files          {}", report.files);
@@ -117,15 +134,20 @@ fn print_report(report: &Report, output: OutputFormat) {
 }
 
 fn print_error(err: &BundleError, output: OutputFormat) {
+    let doc = serde_json::json!({
+        "error": err.code(),
+        "message": err.to_string(),
+        "entry": err.entry(),
+    });
     match output {
-        OutputFormat::Json => {
-            let doc = serde_json::json!({
-                "error": err.code(),
-                "message": err.to_string(),
-                "entry": err.entry(),
-            });
-            println!("{doc}");
+        OutputFormat::Json => println!("{doc}"),
+        OutputFormat::Yaml => {
+            if let Err(e) = super::print_doc(&doc, output) {
+                eprintln!("contextctl: {e}");
+            }
         }
-        OutputFormat::Text => eprintln!("contextctl: {} ({})", err, err.code()),
+        OutputFormat::Text | OutputFormat::Wide | OutputFormat::Name => {
+            eprintln!("contextctl: {} ({})", err, err.code());
+        }
     }
 }

@@ -3,11 +3,15 @@
 use std::process::ExitCode;
 
 use super::pool::upstream_error;
-use super::{print_json, ConnectionArgs, OutputFormat};
+use super::{print_doc, ConnectionArgs, OutputFormat};
 use crate::pool::view::{Context, ContextStorage, CreateContext};
 
 /// `contextctl context ...`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  contextctl context create docs --type knowledge -s 5Gi --shared
+  contextctl context ls -o wide")]
 pub struct ContextArgs {
     #[command(subcommand)]
     command: ContextCommand,
@@ -41,6 +45,10 @@ Examples:
         storage_class: Option<String>,
     },
     /// Show a named context.
+    #[command(after_help = "\
+Examples:
+  contextctl context get docs
+  contextctl context get docs --namespace team-a -o json")]
     Get {
         /// Context name.
         name: String,
@@ -49,12 +57,19 @@ Examples:
         namespace: String,
     },
     /// List your named contexts in a namespace.
+    #[command(after_help = "\
+Examples:
+  contextctl context ls
+  contextctl context ls -o name        # context/docs, one a line")]
     Ls {
         /// Namespace.
         #[arg(long, default_value = "default")]
         namespace: String,
     },
     /// Delete a named context (succeeds when there is none).
+    #[command(after_help = "\
+Examples:
+  contextctl context rm docs")]
     Rm {
         /// Context name.
         name: String,
@@ -79,6 +94,16 @@ fn line(c: &Context) -> String {
         },
         c.attachment.claim_name
     )
+}
+
+/// Prints one context as `output` asks.
+fn show(c: &Context, output: OutputFormat) -> anyhow::Result<()> {
+    match output {
+        OutputFormat::Json | OutputFormat::Yaml => print_doc(c, output)?,
+        OutputFormat::Name => println!("context/{}", c.name),
+        OutputFormat::Text | OutputFormat::Wide => println!("{}", line(c)),
+    }
+    Ok(())
 }
 
 /// Runs `contextctl context`.
@@ -117,20 +142,14 @@ pub async fn run(
                 },
             };
             let created = client.create_context(&req).await.map_err(upstream_error)?;
-            match output {
-                OutputFormat::Json => print_json(&created)?,
-                OutputFormat::Text => println!("{}", line(&created)),
-            }
+            show(&created, output)?;
         }
         ContextCommand::Get { name, namespace } => {
             let c = client
                 .get_context(&namespace, &name)
                 .await
                 .map_err(upstream_error)?;
-            match output {
-                OutputFormat::Json => print_json(&c)?,
-                OutputFormat::Text => println!("{}", line(&c)),
-            }
+            show(&c, output)?;
         }
         ContextCommand::Ls { namespace } => {
             let list = client
@@ -138,8 +157,14 @@ pub async fn run(
                 .await
                 .map_err(upstream_error)?;
             match output {
-                OutputFormat::Json => print_json(&list)?,
-                OutputFormat::Text => list.items.iter().for_each(|c| println!("{}", line(c))),
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&list, output)?,
+                OutputFormat::Name => list
+                    .items
+                    .iter()
+                    .for_each(|c| println!("context/{}", c.name)),
+                OutputFormat::Text | OutputFormat::Wide => {
+                    list.items.iter().for_each(|c| println!("{}", line(c)));
+                }
             }
         }
         ContextCommand::Rm { name, namespace } => {
@@ -148,10 +173,12 @@ pub async fn run(
                 .await
                 .map_err(upstream_error)?;
             match output {
-                OutputFormat::Json => {
-                    print_json(&serde_json::json!({ "deleted": format!("{namespace}/{name}") }))?;
-                }
-                OutputFormat::Text => println!("deleted {namespace}/{name}"),
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(
+                    &serde_json::json!({ "deleted": format!("{namespace}/{name}") }),
+                    output,
+                )?,
+                OutputFormat::Name => println!("context/{name}"),
+                OutputFormat::Text | OutputFormat::Wide => println!("deleted {namespace}/{name}"),
             }
         }
     }

@@ -1,14 +1,14 @@
 //! `contextctl` command implementations, one module per command group.
 //!
 //! Every command returns an [`ExitCode`]; failures print one line to stderr
-//! and exit non-zero (`bundle inspect --output json` also prints its
-//! rejection as a JSON object on stdout, for scripts).
+//! and exit 1, usage errors exit 2 (`bundle inspect --output json` also
+//! prints its rejection as a JSON object on stdout, for scripts).
 
 use std::process::ExitCode;
 
 pub mod bundle;
 
-/// How a command prints its result.
+/// How a command prints its result (`-o/--output`, as kubectl spells it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum OutputFormat {
     /// Human-readable text.
@@ -16,7 +16,39 @@ pub enum OutputFormat {
     Text,
     /// One JSON document on stdout.
     Json,
+    /// One YAML document on stdout (the same fields as `json`).
+    Yaml,
+    /// `kind/name` of each resource, one a line (commands that show
+    /// resources only).
+    Name,
+    /// Text with more detail where a command has any (e.g. the sandboxes of
+    /// every pool in `ls`); else the same as `text`.
+    Wide,
 }
+
+impl OutputFormat {
+    /// Whether the result is printed as a document (`json` or `yaml`).
+    pub fn is_document(self) -> bool {
+        matches!(self, OutputFormat::Json | OutputFormat::Yaml)
+    }
+
+    /// The usage error for a format that `command` cannot print.
+    pub fn unsupported(self, command: &str) -> anyhow::Error {
+        let name = clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_else(|| format!("{self:?}"));
+        UsageError(format!(
+            "--output {name} is not supported by `contextctl {command}`"
+        ))
+        .into()
+    }
+}
+
+/// A usage error found after parsing (an `--output` a command cannot print):
+/// exit code [`EXIT_USAGE`], like clap's own.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
 
 /// Exit code for a command that failed because of the user's input or the
 /// server's answer (a rejected bundle, a 4xx, ...).
@@ -24,10 +56,45 @@ pub const EXIT_FAILURE: u8 = 1;
 /// Exit code for usage errors (bad flags), as clap uses.
 pub const EXIT_USAGE: u8 = 2;
 
-/// Prints `err` as a one-line message and returns the failure exit code.
+/// Prints `err` as a one-line message and returns its exit code:
+/// [`EXIT_USAGE`] for a [`UsageError`], else [`EXIT_FAILURE`].
 pub fn fail(err: &anyhow::Error) -> ExitCode {
     eprintln!("contextctl: {err:#}");
-    ExitCode::from(EXIT_FAILURE)
+    if err.is::<UsageError>() {
+        ExitCode::from(EXIT_USAGE)
+    } else {
+        ExitCode::from(EXIT_FAILURE)
+    }
+}
+
+/// Prints a clap parse error as one line, `contextctl: <message>`, and
+/// returns its exit code; help and version requests print as clap prints
+/// them (exit 0).
+pub fn usage_failure(err: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = err.print();
+        return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(EXIT_USAGE));
+    }
+    // clap's first paragraph is the message (a missing argument's name and
+    // the accepted values are on its next lines); usage and "for more
+    // information" go, tips stay in brackets.
+    let rendered = err.to_string();
+    let mut paragraphs = rendered
+        .split("\n\n")
+        .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "));
+    let first = paragraphs.next().unwrap_or_default();
+    let mut line = first.strip_prefix("error: ").unwrap_or(&first).to_owned();
+    for tip in paragraphs.filter(|p| p.starts_with("tip: ")) {
+        line.push_str(&format!(" ({tip})"));
+    }
+    eprintln!("contextctl: {line}");
+    ExitCode::from(EXIT_USAGE)
 }
 
 pub mod context;
@@ -66,23 +133,33 @@ impl ConnectionArgs {
     }
 }
 
-/// Prints `value` as pretty JSON on stdout.
-pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+/// Prints `value` as a document on stdout: YAML for `--output yaml`, else
+/// pretty JSON.
+pub fn print_doc(value: &impl serde::Serialize, output: OutputFormat) -> anyhow::Result<()> {
+    if output == OutputFormat::Yaml {
+        // serde-saphyr ends the document with a newline itself.
+        print!("{}", serde_saphyr::to_string(value)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    }
     Ok(())
 }
 
 /// Runs `contextctl health`.
 pub async fn health(conn: &ConnectionArgs, output: OutputFormat) -> anyhow::Result<ExitCode> {
+    if output == OutputFormat::Name {
+        return Err(output.unsupported("health"));
+    }
     let client = conn.settings().client()?;
     let status = client.health().await?;
-    match output {
-        OutputFormat::Json => print_json(&status)?,
-        OutputFormat::Text => println!(
+    if output.is_document() {
+        print_doc(&status, output)?;
+    } else {
+        println!(
             "{}: {}",
             client.base_url(),
             status["status"].as_str().unwrap_or("unknown")
-        ),
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use super::{print_json, ConnectionArgs, OutputFormat};
+use super::{print_doc, ConnectionArgs, OutputFormat};
 use crate::client::ClientError;
 use crate::pool::view::{CreatePool, CreateWorkspace, Pool};
 
@@ -136,6 +136,10 @@ impl CreateArgs {
 
 /// `contextctl get NAME`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  contextctl get team             # the pool and its sandboxes
+  contextctl get team -o yaml     # also json; -o name prints pool/team")]
 pub struct GetArgs {
     /// Pool name.
     pub name: String,
@@ -146,6 +150,9 @@ pub struct GetArgs {
 
 /// `contextctl wait NAME`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  contextctl wait team --timeout 5m && contextctl get team")]
 pub struct WaitArgs {
     /// Pool name.
     pub name: String,
@@ -156,6 +163,9 @@ pub struct WaitArgs {
 
 /// `contextctl rm NAME`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  contextctl rm team              # also succeeds when there is no pool team")]
 pub struct RmArgs {
     /// Pool name.
     pub name: String,
@@ -198,10 +208,16 @@ pub fn summary_line(pool: &Pool) -> String {
     )
 }
 
+/// `pool/<name>`, as `--output name` prints a pool.
+fn pool_ref(name: &str) -> String {
+    format!("pool/{name}")
+}
+
 fn print_pool(pool: &Pool, output: OutputFormat, members: bool) -> anyhow::Result<()> {
     match output {
-        OutputFormat::Json => print_json(pool)?,
-        OutputFormat::Text => {
+        OutputFormat::Json | OutputFormat::Yaml => print_doc(pool, output)?,
+        OutputFormat::Name => println!("{}", pool_ref(&pool.name)),
+        OutputFormat::Text | OutputFormat::Wide => {
             println!("{}", summary_line(pool));
             if let (Some(reason), message) = (&pool.reason, &pool.message) {
                 println!("  {reason}: {}", message.as_deref().unwrap_or(""));
@@ -251,10 +267,19 @@ pub async fn ls(conn: &ConnectionArgs, output: OutputFormat) -> anyhow::Result<E
     let client = conn.settings().client()?;
     let list = client.list_pools().await.map_err(upstream_error)?;
     match output {
-        OutputFormat::Json => print_json(&list)?,
-        OutputFormat::Text => {
+        OutputFormat::Json | OutputFormat::Yaml => print_doc(&list, output)?,
+        OutputFormat::Name => list
+            .items
+            .iter()
+            .for_each(|p| println!("{}", pool_ref(&p.name))),
+        OutputFormat::Text => list
+            .items
+            .iter()
+            .for_each(|p| println!("{}", summary_line(p))),
+        // Wide: each pool as `get` shows it, sandboxes included.
+        OutputFormat::Wide => {
             for pool in &list.items {
-                println!("{}", summary_line(pool));
+                print_pool(pool, output, true)?;
             }
         }
     }
@@ -274,8 +299,11 @@ pub async fn rm(
         .await
         .map_err(upstream_error)?;
     match output {
-        OutputFormat::Json => print_json(&serde_json::json!({ "deleted": args.name }))?,
-        OutputFormat::Text => println!("deleted {}", args.name),
+        OutputFormat::Json | OutputFormat::Yaml => {
+            print_doc(&serde_json::json!({ "deleted": args.name }), output)?;
+        }
+        OutputFormat::Name => println!("{}", pool_ref(&args.name)),
+        OutputFormat::Text | OutputFormat::Wide => println!("deleted {}", args.name),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -298,8 +326,8 @@ pub async fn wait(
     loop {
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
-            if let (OutputFormat::Json, Some(pool)) = (output, &last_pool) {
-                print_json(pool)?;
+            if let (true, Some(pool)) = (output.is_document(), &last_pool) {
+                print_doc(pool, output)?;
             }
             anyhow::bail!("timed out waiting for {}", args.name);
         }
@@ -309,20 +337,23 @@ pub async fn wait(
                     "{}: {} ({}/{} ready)",
                     pool.name, pool.status, pool.ready_replicas, pool.replicas
                 );
-                if output == OutputFormat::Text && line != last_line {
+                let text = matches!(output, OutputFormat::Text | OutputFormat::Wide);
+                if text && line != last_line {
                     println!("{line}");
                     last_line = line;
                 }
                 match pool.status.as_str() {
                     "ready" => {
-                        if output == OutputFormat::Json {
-                            print_json(&pool)?;
+                        match output {
+                            OutputFormat::Json | OutputFormat::Yaml => print_doc(&pool, output)?,
+                            OutputFormat::Name => println!("{}", pool_ref(&pool.name)),
+                            OutputFormat::Text | OutputFormat::Wide => {}
                         }
                         return Ok(ExitCode::SUCCESS);
                     }
                     "failed" => {
-                        if output == OutputFormat::Json {
-                            print_json(&pool)?;
+                        if output.is_document() {
+                            print_doc(&pool, output)?;
                         }
                         anyhow::bail!(
                             "{} failed: {}: {}",

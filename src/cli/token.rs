@@ -7,12 +7,16 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use super::{print_json, ConnectionArgs, OutputFormat};
+use super::{print_doc, ConnectionArgs, OutputFormat};
 use crate::auth::dev::{dev_token_path, DevIssuer};
 use crate::auth::{Scope, TokenPolicy};
 
 /// `contextctl token [mint ...]`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  contextctl token                                  # the local service's development token
+  BOB=$(contextctl token mint --sub bob --ttl 1h)   # a token for another user")]
 pub struct TokenArgs {
     #[command(subcommand)]
     mint: Option<TokenCommand>,
@@ -22,6 +26,10 @@ pub struct TokenArgs {
 enum TokenCommand {
     /// Mint a token with the local service's signing key (for testing with
     /// several users).
+    #[command(after_help = "\
+Examples:
+  contextctl token mint --sub bob --ttl 1h
+  contextctl token mint --sub ci --scope 'workloads:read' -o json")]
     Mint {
         /// Subject (the owner the token speaks for).
         #[arg(long)]
@@ -47,6 +55,9 @@ pub fn run(
     conn: &ConnectionArgs,
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
+    if output == OutputFormat::Name {
+        return Err(output.unsupported("token"));
+    }
     let data_dir = conn
         .data_dir
         .clone()
@@ -82,9 +93,10 @@ pub fn run(
             issuer_key.mint(&policy, &sub, &scope, ttl)?
         }
     };
-    match output {
-        OutputFormat::Json => print_json(&serde_json::json!({ "token": token }))?,
-        OutputFormat::Text => println!("{token}"),
+    if output.is_document() {
+        print_doc(&serde_json::json!({ "token": token }), output)?;
+    } else {
+        println!("{token}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{print_json, ConnectionArgs, OutputFormat};
+use super::{print_doc, ConnectionArgs, OutputFormat};
 use crate::bundle::{self, CanonicalOptions, Limits};
 use crate::client::deliveries::DeliverBody;
 use crate::client::{Client, ClientError};
@@ -16,6 +16,10 @@ use crate::workload::WorkloadView;
 
 /// `contextctl workload ...`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  contextctl workload create docs && contextctl workload upload docs ./src
+  contextctl workload activate docs && contextctl workload get docs")]
 pub struct WorkloadArgs {
     #[command(subcommand)]
     command: WorkloadCommand,
@@ -24,6 +28,10 @@ pub struct WorkloadArgs {
 #[derive(Debug, clap::Subcommand)]
 enum WorkloadCommand {
     /// Create a workload (prints its name; `--output json` also shows the upload grant).
+    #[command(after_help = "\
+Examples:
+  contextctl workload create docs
+  contextctl workload create --type knowledge -o json   # generated name, upload grant")]
     Create {
         /// Name: lowercase letters, digits and '-', at most 50 [default: wl-<8 hex>].
         name: Option<String>,
@@ -32,6 +40,10 @@ enum WorkloadCommand {
         kind: Option<String>,
     },
     /// Upload a directory (packed here) or a bundle file; prints the revision.
+    #[command(after_help = "\
+Examples:
+  contextctl workload upload docs ./src
+  contextctl workload upload docs workload.tar.gz -o json")]
     Upload {
         /// The workload.
         name: String,
@@ -39,6 +51,9 @@ enum WorkloadCommand {
         path: PathBuf,
     },
     /// Freeze a revision [default: the last uploaded one].
+    #[command(after_help = "\
+Examples:
+  contextctl workload activate docs")]
     Activate {
         /// The workload.
         name: String,
@@ -46,14 +61,28 @@ enum WorkloadCommand {
         revision: Option<String>,
     },
     /// Show a workload.
+    #[command(after_help = "\
+Examples:
+  contextctl workload get docs
+  contextctl workload get docs -o yaml")]
     Get {
         /// The workload.
         name: String,
     },
     /// List your workloads.
-    #[command(alias = "list")]
+    #[command(
+        alias = "list",
+        after_help = "\
+Examples:
+  contextctl workload ls
+  contextctl workload ls -o wide      # full revisions, digests, file counts
+  contextctl workload ls -o name      # workload/docs, one a line"
+    )]
     Ls,
     /// Download the frozen revision, verifying its digests while writing.
+    #[command(after_help = "\
+Examples:
+  contextctl workload download docs -f docs.tar.gz")]
     Download {
         /// The workload.
         name: String,
@@ -65,13 +94,22 @@ enum WorkloadCommand {
         file: Option<PathBuf>,
     },
     /// Delete a workload and its bundles.
-    #[command(alias = "delete")]
+    #[command(
+        alias = "delete",
+        after_help = "\
+Examples:
+  contextctl workload rm docs"
+    )]
     Rm {
         /// The workload.
         name: String,
     },
     /// Deliver the active revision into a sandbox, or into every ready
     /// sandbox of one of your pools, as a run.
+    #[command(after_help = "\
+Examples:
+  contextctl workload deliver docs --sandbox sandbox-team-0 --run build-1
+  contextctl workload deliver docs --pool team --run build-2 --verify full -o wide")]
     Deliver {
         /// The workload.
         name: String,
@@ -89,6 +127,9 @@ enum WorkloadCommand {
         verify: Option<VerifyArg>,
     },
     /// Release a run in every sandbox it reached.
+    #[command(after_help = "\
+Examples:
+  contextctl workload release docs --run build-1")]
     Release {
         /// The workload.
         name: String,
@@ -97,6 +138,10 @@ enum WorkloadCommand {
         run: String,
     },
     /// List the live runs of a workload and where they are.
+    #[command(after_help = "\
+Examples:
+  contextctl workload deliveries docs
+  contextctl workload deliveries docs -o name   # run/build-1, one a line")]
     Deliveries {
         /// The workload.
         name: String,
@@ -127,6 +172,13 @@ pub async fn run(
     conn: &ConnectionArgs,
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
+    if output == OutputFormat::Name {
+        match &args.command {
+            WorkloadCommand::Upload { .. } => return Err(output.unsupported("workload upload")),
+            WorkloadCommand::Download { .. } => return Err(output.unsupported("workload download")),
+            _ => {}
+        }
+    }
     let client = conn.settings().client()?;
     match args.command {
         WorkloadCommand::Create { name, kind } => {
@@ -134,8 +186,9 @@ pub async fn run(
                 .create_workload(name.as_deref(), kind.as_deref())
                 .await?;
             match output {
-                OutputFormat::Json => print_json(&view)?,
-                OutputFormat::Text => println!("{}", view.name),
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
+                OutputFormat::Name => println!("workload/{}", view.name),
+                OutputFormat::Text | OutputFormat::Wide => println!("{}", view.name),
             }
         }
         WorkloadCommand::Upload { name, path } => upload(&client, &name, &path, output).await?,
@@ -152,22 +205,28 @@ pub async fn run(
             };
             let view = client.activate_workload(&name, &revision).await?;
             match output {
-                OutputFormat::Json => print_json(&view)?,
-                OutputFormat::Text => println!("{} {} {}", view.name, view.status, revision),
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
+                OutputFormat::Name => println!("workload/{}", view.name),
+                OutputFormat::Text | OutputFormat::Wide => {
+                    println!("{} {} {}", view.name, view.status, revision);
+                }
             }
         }
         WorkloadCommand::Get { name } => {
             let view = client.workload(&name).await?;
             match output {
-                OutputFormat::Json => print_json(&view)?,
-                OutputFormat::Text => print_view(&view),
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
+                OutputFormat::Name => println!("workload/{}", view.name),
+                OutputFormat::Text | OutputFormat::Wide => print_view(&view),
             }
         }
         WorkloadCommand::Ls => {
             let list = client.workloads().await?;
             match output {
-                OutputFormat::Json => print_json(&list)?,
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&list, output)?,
+                OutputFormat::Name => list.iter().for_each(|v| println!("workload/{}", v.name)),
                 OutputFormat::Text => print_table(&list),
+                OutputFormat::Wide => print_wide_table(&list),
             }
         }
         WorkloadCommand::Download {
@@ -199,8 +258,9 @@ pub async fn run(
             bar.finish_and_clear();
             let report = report?;
             match output {
-                OutputFormat::Json => print_json(&report)?,
-                OutputFormat::Text => println!(
+                OutputFormat::Json | OutputFormat::Yaml => print_doc(&report, output)?,
+                // Refused before the download started.
+                OutputFormat::Text | OutputFormat::Wide | OutputFormat::Name => println!(
                     "{} ({} bytes, sha256:{} verified)",
                     report.path.display(),
                     report.bytes,
@@ -211,10 +271,11 @@ pub async fn run(
         WorkloadCommand::Rm { name } => {
             client.delete_workload(&name).await?;
             match output {
-                OutputFormat::Json => {
-                    print_json(&serde_json::json!({"name": name, "deleted": true}))?;
+                OutputFormat::Json | OutputFormat::Yaml => {
+                    print_doc(&serde_json::json!({"name": name, "deleted": true}), output)?;
                 }
-                OutputFormat::Text => println!("deleted {name}"),
+                OutputFormat::Name => println!("workload/{name}"),
+                OutputFormat::Text | OutputFormat::Wide => println!("deleted {name}"),
             }
         }
         WorkloadCommand::Deliver {
@@ -225,22 +286,18 @@ pub async fn run(
             verify,
         } => {
             let body = DeliverBody {
-                run_id: run,
+                run_id: run.clone(),
                 sandbox,
                 pool,
                 verify: verify.map(Verify::from),
             };
             match client.deliver(&name, &body).await {
-                Ok(delivered) => match output {
-                    OutputFormat::Json => print_json(&delivered)?,
-                    OutputFormat::Text => print_outcomes(&delivered.deliveries),
-                },
+                Ok(delivered) => {
+                    show_outcomes(&delivered, &delivered.deliveries, &run, output)?;
+                }
                 Err(ClientError::DeliveryFailed { body }) => {
                     // Every sandbox's outcome on stdout; the reason on stderr.
-                    match output {
-                        OutputFormat::Json => print_json(&body)?,
-                        OutputFormat::Text => print_outcomes(&body.deliveries),
-                    }
+                    show_outcomes(&body, &body.deliveries, &run, output)?;
                     return Err(ClientError::DeliveryFailed { body }.into());
                 }
                 Err(e) => return Err(e.into()),
@@ -249,27 +306,54 @@ pub async fn run(
         WorkloadCommand::Release { name, run } => {
             client.release(&name, &run).await?;
             match output {
-                OutputFormat::Json => {
-                    print_json(&serde_json::json!({"runId": run, "released": true}))?;
+                OutputFormat::Json | OutputFormat::Yaml => {
+                    print_doc(&serde_json::json!({"runId": run, "released": true}), output)?;
                 }
-                OutputFormat::Text => println!("released {run}"),
+                OutputFormat::Name => println!("run/{run}"),
+                OutputFormat::Text | OutputFormat::Wide => println!("released {run}"),
             }
         }
         WorkloadCommand::Deliveries { name } => {
             let runs = client.deliveries(&name).await?;
             match output {
-                OutputFormat::Json => print_json(&serde_json::json!({ "deliveries": runs }))?,
-                OutputFormat::Text => print_runs(&runs),
+                OutputFormat::Json | OutputFormat::Yaml => {
+                    print_doc(&serde_json::json!({ "deliveries": runs }), output)?;
+                }
+                OutputFormat::Name => runs.iter().for_each(|r| println!("run/{}", r.run_id)),
+                OutputFormat::Text => print_runs(&runs, false),
+                OutputFormat::Wide => print_runs(&runs, true),
             }
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// One line per sandbox: what happened there.
-fn print_outcomes(outcomes: &[SandboxOutcome]) {
+/// A delivery's result (`doc`, the whole response) in `output`: one line
+/// per sandbox as text, `run/<run>` as a name.
+fn show_outcomes(
+    doc: &impl serde::Serialize,
+    outcomes: &[SandboxOutcome],
+    run: &str,
+    output: OutputFormat,
+) -> anyhow::Result<()> {
+    match output {
+        OutputFormat::Json | OutputFormat::Yaml => print_doc(doc, output)?,
+        OutputFormat::Name => println!("run/{run}"),
+        OutputFormat::Text => print_outcomes(outcomes, false),
+        OutputFormat::Wide => print_outcomes(outcomes, true),
+    }
+    Ok(())
+}
+
+/// One line per sandbox: what happened there; `wide` adds the pod.
+fn print_outcomes(outcomes: &[SandboxOutcome], wide: bool) {
+    let pod_head = if wide {
+        format!("{:<40} ", "POD")
+    } else {
+        String::new()
+    };
     println!(
-        "{:<40} {:<7} {:>12} {:>8}  PATH / ERROR",
+        "{:<40} {pod_head}{:<7} {:>12} {:>8}  PATH / ERROR",
         "SANDBOX", "RESULT", "BYTES", "MS"
     );
     for o in outcomes {
@@ -278,20 +362,41 @@ fn print_outcomes(outcomes: &[SandboxOutcome]) {
             (None, Some(true), Some(p)) => ("cached", p.clone()),
             (None, _, p) => ("sent", p.clone().unwrap_or_default()),
         };
+        let pod = if wide {
+            format!("{:<40} ", o.pod.as_deref().unwrap_or("-"))
+        } else {
+            String::new()
+        };
         println!(
-            "{:<40} {:<7} {:>12} {:>8}  {detail}",
+            "{:<40} {pod}{:<7} {:>12} {:>8}  {detail}",
             o.sandbox, result, o.bytes_sent, o.duration_ms
         );
     }
 }
 
-/// One line per run and sandbox.
-fn print_runs(runs: &[RunView]) {
-    println!("{:<24} {:<14} {:<40} PATH", "RUN", "REVISION", "SANDBOX");
+/// One line per run and sandbox; `wide` shows the whole revision and the
+/// pod.
+fn print_runs(runs: &[RunView], wide: bool) {
+    if wide {
+        println!(
+            "{:<24} {:<64} {:<40} {:<40} PATH",
+            "RUN", "REVISION", "SANDBOX", "POD"
+        );
+    } else {
+        println!("{:<24} {:<14} {:<40} PATH", "RUN", "REVISION", "SANDBOX");
+    }
     for r in runs {
-        let rev = &r.revision[..r.revision.len().min(12)];
         for s in &r.sandboxes {
-            println!("{:<24} {:<14} {:<40} {}", r.run_id, rev, s.sandbox, s.path);
+            if wide {
+                let pod = s.pod.as_deref().unwrap_or("-");
+                println!(
+                    "{:<24} {:<64} {:<40} {:<40} {}",
+                    r.run_id, r.revision, s.sandbox, pod, s.path
+                );
+            } else {
+                let rev = &r.revision[..r.revision.len().min(12)];
+                println!("{:<24} {:<14} {:<40} {}", r.run_id, rev, s.sandbox, s.path);
+            }
         }
     }
 }
@@ -299,7 +404,7 @@ fn print_runs(runs: &[RunView]) {
 /// A byte progress bar on stderr, hidden unless stderr is a terminal and
 /// the output is text.
 fn progress_bar(output: OutputFormat, len: Option<u64>) -> ProgressBar {
-    if output == OutputFormat::Json || !std::io::stderr().is_terminal() {
+    if output.is_document() || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(len.unwrap_or(0));
@@ -358,9 +463,11 @@ async fn upload(
         .await;
     bar.finish_and_clear();
     let rev = result?;
-    match output {
-        OutputFormat::Json => print_json(&rev)?,
-        OutputFormat::Text => println!("{}", rev.revision),
+    if output.is_document() {
+        print_doc(&rev, output)?;
+    } else {
+        // `name` was refused before the upload started.
+        println!("{}", rev.revision);
     }
     Ok(())
 }
@@ -409,6 +516,29 @@ fn print_table(list: &[WorkloadView]) {
         println!(
             "{:<30} {:<10} {:<16} {:<14} {:>12}",
             v.name, v.kind, v.status, rev, bytes
+        );
+    }
+}
+
+/// `ls -o wide`: whole revisions and digests, file counts and update times.
+fn print_wide_table(list: &[WorkloadView]) {
+    println!(
+        "{:<30} {:<10} {:<16} {:<64} {:<71} {:>8} {:>12} UPDATED",
+        "NAME", "TYPE", "STATUS", "REVISION", "BUNDLE DIGEST", "FILES", "BYTES"
+    );
+    let dash = |o: Option<String>| o.unwrap_or_else(|| "-".into());
+    for v in list {
+        let rev = v.revision.clone().or_else(|| v.candidate_revision.clone());
+        println!(
+            "{:<30} {:<10} {:<16} {:<64} {:<71} {:>8} {:>12} {}",
+            v.name,
+            v.kind,
+            v.status,
+            dash(rev),
+            dash(v.bundle_digest.clone()),
+            dash(v.files.map(|f| f.to_string())),
+            dash(v.bytes.map(|b| b.to_string())),
+            v.updated_at
         );
     }
 }

@@ -575,7 +575,8 @@ impl DeliveryService {
 async fn detached<T: Send + 'static>(
     work: impl std::future::Future<Output = Result<T, DeliveryError>> + Send + 'static,
 ) -> Result<T, DeliveryError> {
-    tokio::spawn(work)
+    // In the caller's span, so its log lines name the request.
+    tokio::spawn(tracing::Instrument::in_current_span(work))
         .await
         .map_err(|e| DeliveryError::Internal(format!("delivery task failed: {e}")))?
 }

@@ -6,13 +6,14 @@
 //! - [`names`]: object names and labels every backend uses;
 //! - [`port`]: [`SandboxBackend`] and [`BackendError`], implemented by
 //!   `crate::sandbox`;
-//! - [`service`]: [`PoolService`]; [`error`]: its [`PoolError`];
+//! - [`metrics`]: pools by phase and stuck provisioning, sampled;
 //! - [`selector`]: equality-based label selectors ([`LabelSelector`]);
 //! - [`service`]: [`PoolService`] (with per-owner quotas, `quota`);
 //!   [`error`]: its [`PoolError`];
 //! - [`view`]: the JSON shapes on the wire.
 
 pub mod error;
+pub mod metrics;
 pub mod model;
 pub mod names;
 pub mod port;

@@ -182,6 +182,12 @@ impl PoolService {
         Ok(pools)
     }
 
+    /// Every owner's pools, unsorted: for the metrics sampler, never for a
+    /// caller.
+    pub async fn list_all(&self) -> Result<Vec<PoolStatus>, BackendError> {
+        self.backend.list_pools().await
+    }
+
     /// Deletes the caller's pool `name`; [`PoolError::NotFound`] when the
     /// caller has none (also when a concurrent delete removed it first).
     pub async fn delete(&self, name: &str, owner_scope: &str) -> PoolResult<()> {
@@ -349,7 +355,8 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, BackendError>> + Send + 'static,
 {
-    match tokio::spawn(work).await {
+    // In the caller's span, so its log lines name the request.
+    match tokio::spawn(tracing::Instrument::in_current_span(work)).await {
         Ok(result) => result.map_err(|e| PoolError::from_backend(e, subject, doing)),
         Err(e) => Err(PoolError::Internal {
             doing,

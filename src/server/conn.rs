@@ -27,6 +27,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 use tower::ServiceExt as _;
 
 use crate::api::ErrorBody;
@@ -61,14 +62,16 @@ const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
 /// Pause after an accept error such as running out of file descriptors.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
-/// Serves `app` on `listener` until `shutdown` completes, then stops
-/// accepting and waits for open connections to finish their requests.
+/// Serves `app` on `listener` until `shutdown` completes, then closes the
+/// listener and gives open connections `drain_timeout` to finish their
+/// requests (idle ones close at once); those still open then are closed.
 pub(super) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
     metrics: Metrics,
     shutdown: impl Future<Output = ()>,
+    drain_timeout: Duration,
 ) {
     let admission = Admission::new(&limits, metrics.clone());
     let refusals = Arc::new(Semaphore::new(MAX_PENDING_REFUSALS));
@@ -77,11 +80,15 @@ pub(super) async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .keep_alive(true);
+    // Every connection's task, so that those outliving the drain timeout
+    // can be stopped; finished ones are reaped as the loop goes.
+    let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             biased;
             () = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -103,7 +110,7 @@ pub(super) async fn serve(
         let _ = stream.set_nodelay(true);
         let service = ConnectionService::new(app.clone(), limits.max_requests_per_connection);
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-        tokio::spawn(async move {
+        connections.spawn(async move {
             if let Err(e) = conn.await {
                 // Header timeouts, resets and malformed requests end here.
                 tracing::debug!(peer = %peer, error = %e, "connection ended with an error");
@@ -112,7 +119,22 @@ pub(super) async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    while connections.try_join_next().is_some() {}
+    tracing::info!(
+        open = connections.len(),
+        "listener closed; finishing in-flight requests"
+    );
+    if tokio::time::timeout(drain_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        while connections.try_join_next().is_some() {}
+        tracing::warn!(
+            "--shutdown-timeout ({drain_timeout:?}) passed: closing {} connection(s) still open",
+            connections.len()
+        );
+        connections.shutdown().await;
+    }
 }
 
 /// The per-connection service: the router, with the answer to the

@@ -110,7 +110,9 @@ pub(super) fn sha256_hex(data: &[u8]) -> String {
 pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, WorkloadError> + Send + 'static,
 ) -> Result<T, WorkloadError> {
-    tokio::task::spawn_blocking(f)
+    // In the caller's span, so its log lines name the request.
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(f))
         .await
         .map_err(|e| WorkloadError::Internal(format!("blocking task failed: {e}")))?
 }
@@ -178,6 +180,13 @@ impl WorkloadService {
     /// one writer) for the delivery service.
     pub fn run_store(&self) -> Arc<dyn RunStore> {
         self.inner.runs.clone()
+    }
+
+    /// A weak handle on the metadata store: when no strong one is left the
+    /// database has been dropped, which is its clean close (the next start
+    /// then needs no repair).
+    pub fn store_handle(&self) -> std::sync::Weak<dyn MetadataStore> {
+        Arc::downgrade(&self.inner.store)
     }
 
     /// The bundle cache.

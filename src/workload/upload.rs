@@ -58,7 +58,9 @@ impl WorkloadService {
         };
         // The permit moves into the blocking task: if the client goes away,
         // the upload's place stays taken until its thread is really done.
+        let span = tracing::Span::current();
         let task = tokio::task::spawn_blocking(move || {
+            let _request = span.enter();
             let result = bundle::canonicalize(reader, &limits, &opts, out);
             (result, permit)
         });

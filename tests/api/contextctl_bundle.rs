@@ -31,7 +31,7 @@ fn pack_then_inspect_agree() {
     let bundle = tmp.path().join("out.tar.gz");
     let (src_s, bundle_s) = (src.to_str().unwrap(), bundle.to_str().unwrap());
 
-    let packed = contextctl(&["bundle", "pack", src_s, "-o", bundle_s, "--output", "json"]);
+    let packed = contextctl(&["bundle", "pack", src_s, "-f", bundle_s, "-o", "json"]);
     assert!(packed.status.success(), "{packed:?}");
     let packed = json(&packed);
     assert_eq!(packed["files"], 2);
@@ -107,7 +107,8 @@ fn pack_refuses_symlinks_and_leaves_nothing_behind() {
         "bundle",
         "pack",
         src.to_str().unwrap(),
-        "-o",
+        // The old spelling of -f/--file still works.
+        "--out",
         bundle.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(1));

@@ -239,6 +239,76 @@ async fn delivery_commands_end_to_end() {
     .await))
     .unwrap();
     assert_eq!(json_list["deliveries"][1]["runId"], "r2");
+    // The other output formats.
+    let yaml_list: Value = serde_saphyr::from_str(&ok(ctl(
+        &server,
+        &["workload", "deliveries", "proj", "-o", "yaml"],
+    )
+    .await))
+    .unwrap();
+    assert_eq!(yaml_list, json_list);
+    assert_eq!(
+        ok(ctl(&server, &["workload", "deliveries", "proj", "-o", "name"]).await),
+        "run/r1\nrun/r2\n"
+    );
+    let revision = json_list["deliveries"][0]["revision"].as_str().unwrap();
+    assert!(!list.contains(revision), "{list}");
+    let wide = ok(ctl(&server, &["workload", "deliveries", "proj", "-o", "wide"]).await);
+    assert!(wide.lines().next().unwrap().contains("POD"), "{wide}");
+    assert_eq!(
+        wide.lines().filter(|l| l.contains(revision)).count(),
+        3,
+        "{wide}"
+    );
+    assert_eq!(
+        ok(ctl(
+            &server,
+            &[
+                "workload",
+                "deliver",
+                "proj",
+                "--sandbox",
+                "sandbox-p-1",
+                "--run",
+                "r4",
+                "-o",
+                "name",
+            ],
+        )
+        .await),
+        "run/r4\n"
+    );
+    let wide = ok(ctl(
+        &server,
+        &[
+            "workload", "deliver", "proj", "--pool", "p", "--run", "r5", "-o", "wide",
+        ],
+    )
+    .await);
+    assert!(wide.lines().next().unwrap().contains("POD"), "{wide}");
+    assert_eq!(
+        wide.lines().filter(|l| l.contains(" cached ")).count(),
+        2,
+        "{wide}"
+    );
+    let released: Value = serde_saphyr::from_str(&ok(ctl(
+        &server,
+        &["workload", "release", "proj", "--run", "r5", "-o", "yaml"],
+    )
+    .await))
+    .unwrap();
+    assert_eq!(
+        released,
+        serde_json::json!({"runId": "r5", "released": true})
+    );
+    assert_eq!(
+        ok(ctl(
+            &server,
+            &["workload", "release", "proj", "--run", "r4", "-o", "name"]
+        )
+        .await),
+        "run/r4\n"
+    );
     assert_eq!(
         ok(ctl(&server, &["workload", "release", "proj", "--run", "r1"]).await).trim(),
         "released r1"

@@ -638,6 +638,7 @@ async fn metrics_can_have_their_own_address() {
     let mut config =
         ServeConfig::with_defaults(dir.path().to_owned(), "127.0.0.1:0".parse().unwrap());
     config.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
+    config.shutdown_grace = Duration::ZERO;
     let server = context_service::server::Server::bind(&config)
         .await
         .unwrap();

@@ -109,6 +109,9 @@ impl TestServer {
     ) -> anyhow::Result<Self> {
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("addr");
         let mut config = ServeConfig::with_defaults(data_dir.to_owned(), listen);
+        // Nothing balances load in front of a test server: stop at once
+        // (tests/api/shutdown.rs covers the grace).
+        config.shutdown_grace = Duration::ZERO;
         adjust(&mut config);
         let server = Server::bind_with(&config, &options).await?;
         let addr = server.local_addr().expect("local addr");

@@ -10,4 +10,5 @@ testenv=tests/k8s/testenv.sh
 trap '"$testenv" down' EXIT
 "$testenv" up
 eval "$("$testenv" env)"
+tests/k8s/deploy-check.sh
 cargo test --locked --features e2e --test k8s_e2e --test k8s_pools_e2e --test k8s_delivery_e2e -- "$@"

@@ -475,6 +475,8 @@ cmd_env() {
 	echo "export KUBECONFIG=$KUBECONFIG_PATH"
 	# Directory on this host under which tests put per-pod exec working dirs.
 	echo "export CONTEXT_SERVICE_TESTENV_EXEC_ROOT=$EXEC_ROOT"
+	# The kubectl built with the control plane (tests/k8s/deploy-check.sh).
+	echo "export CONTEXT_SERVICE_TESTENV_KUBECTL=$BIN/kubectl"
 	# The cached binaries, e.g. the matching kubectl for benchmarks.
 	echo "export CONTEXT_SERVICE_TESTENV_BIN=$BIN"
 }

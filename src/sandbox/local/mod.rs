@@ -155,7 +155,8 @@ impl LocalBackend {
         F: FnOnce(&Inner) -> Result<T, BackendError> + Send + 'static,
     {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || f(&inner))
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || span.in_scope(|| f(&inner)))
             .await
             .map_err(|e| BackendError::internal("local backend task", e))?
     }

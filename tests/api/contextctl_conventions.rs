@@ -1,0 +1,277 @@
+//! `contextctl`'s kubectl-style conventions, run as the built binary:
+//! `-o/--output` before or after the command in every format, one-line usage
+//! errors with exit 2, an example in every command's help, the documented
+//! exit codes, and shell completions.
+
+use std::process::{Command, Output};
+
+use crate::common::TestServer;
+use serde_json::Value;
+
+fn contextctl(server: Option<&TestServer>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_contextctl"));
+    if let Some(server) = server {
+        cmd.arg("--url")
+            .arg(&server.base)
+            .arg("--data-dir")
+            .arg(&server.data_dir);
+    }
+    cmd.args(args)
+        .env_remove("CONTEXT_SERVICE_URL")
+        .env_remove("CONTEXT_SERVICE_TOKEN")
+        .env_remove("CS_DATA_DIR")
+        .output()
+        .expect("contextctl runs")
+}
+
+/// Runs, expects exit 0, returns stdout.
+fn ok(server: Option<&TestServer>, args: &[&str]) -> String {
+    let out = contextctl(server, args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
+/// Runs, expects a usage error: exit 2 and one line `contextctl: ...`
+/// containing `part` on stderr, nothing on stdout.
+fn usage_error(server: Option<&TestServer>, args: &[&str], part: &str) {
+    let out = contextctl(server, args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr:?}");
+    assert!(stderr.starts_with("contextctl: "), "{stderr:?}");
+    assert!(stderr.contains(part), "{stderr:?} should contain {part:?}");
+    assert!(out.stdout.is_empty(), "{args:?}: stdout {:?}", out.stdout);
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn yaml(text: &str) -> Value {
+    serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("not YAML ({e}): {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_flag_goes_before_or_after_the_command_in_every_format() {
+    let server = TestServer::start().await;
+    let s = Some(&server);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.md"), "a\n").unwrap();
+    ok(s, &["workload", "create", "docs"]);
+    ok(
+        s,
+        &["workload", "upload", "docs", dir.path().to_str().unwrap()],
+    );
+    ok(s, &["workload", "activate", "docs"]);
+    ok(s, &["create", "team", "-n", "2"]);
+
+    // The README's example, and the same flag after the command.
+    let before = json(&ok(s, &["-o", "json", "get", "team"]));
+    let after = json(&ok(s, &["get", "team", "-o", "json"]));
+    let long = json(&ok(s, &["get", "team", "--output", "json"]));
+    assert_eq!(before["name"], "team");
+    assert_eq!(before["replicas"], 2);
+    assert_eq!(before, after);
+    assert_eq!(before, long);
+    assert_eq!(yaml(&ok(s, &["get", "team", "-o", "yaml"])), before);
+
+    let wl = json(&ok(s, &["workload", "get", "docs", "-o", "json"]));
+    assert_eq!(wl["status"], "ready");
+    assert_eq!(json(&ok(s, &["-o", "json", "workload", "get", "docs"])), wl);
+    assert_eq!(yaml(&ok(s, &["-o", "yaml", "workload", "get", "docs"])), wl);
+    let listed = yaml(&ok(s, &["workload", "ls", "-o", "yaml"]));
+    assert_eq!(listed[0], wl, "{listed}");
+
+    // name: kind/name lines, kubectl's spelling.
+    assert_eq!(ok(s, &["ls", "-o", "name"]), "pool/team\n");
+    assert_eq!(ok(s, &["-o", "name", "get", "team"]), "pool/team\n");
+    assert_eq!(ok(s, &["workload", "ls", "-o", "name"]), "workload/docs\n");
+    assert_eq!(
+        ok(s, &["workload", "get", "docs", "-o", "name"]),
+        "workload/docs\n"
+    );
+
+    // wide: more than text. `ls` shows every pool's sandboxes; the workload
+    // table shows the whole revision and digest.
+    let text = ok(s, &["ls"]);
+    let wide = ok(s, &["ls", "-o", "wide"]);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(wide.starts_with(&text), "{wide}");
+    assert_eq!(
+        wide.lines().filter(|l| l.contains("pod=")).count(),
+        2,
+        "{wide}"
+    );
+    let revision = wl["revision"].as_str().unwrap();
+    let digest = wl["bundleDigest"].as_str().unwrap();
+    assert!(!ok(s, &["workload", "ls"]).contains(revision));
+    let wide = ok(s, &["workload", "ls", "-o", "wide"]);
+    assert!(wide.contains(revision) && wide.contains(digest), "{wide}");
+
+    // rm with -o name says what it deleted, as kubectl does.
+    assert_eq!(ok(s, &["rm", "team", "-o", "name"]), "pool/team\n");
+
+    // A format a command cannot print is a usage error, before any call.
+    usage_error(
+        s,
+        &["health", "-o", "name"],
+        "--output name is not supported",
+    );
+    usage_error(
+        s,
+        &["-o", "name", "token"],
+        "--output name is not supported",
+    );
+    usage_error(
+        s,
+        &["workload", "download", "docs", "-o", "name"],
+        "--output name is not supported by `contextctl workload download`",
+    );
+    assert!(
+        !std::path::Path::new(&format!("docs-{}.tar.gz", &revision[..12])).exists(),
+        "nothing was downloaded"
+    );
+}
+
+#[test]
+fn usage_errors_are_one_line_with_exit_2() {
+    usage_error(
+        None,
+        &["get"],
+        "required arguments were not provided: <NAME>",
+    );
+    usage_error(
+        None,
+        &["-o", "toml", "ls"],
+        "invalid value 'toml' for '--output <OUTPUT>' [possible values: text, json, yaml, name, wide]",
+    );
+    usage_error(None, &["gett", "x"], "unrecognized subcommand 'gett'");
+    usage_error(None, &["ls", "--bogus"], "unexpected argument '--bogus'");
+    usage_error(
+        None,
+        &["bundle", "pack", "."],
+        "required arguments were not provided: --file <FILE>",
+    );
+    usage_error(None, &["completion", "tcsh"], "invalid value 'tcsh'");
+}
+
+#[test]
+fn bundle_pack_writes_to_file_and_prints_in_any_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("a.md"), "a\n").unwrap();
+    let file = tmp.path().join("b.tar.gz");
+    let (src_s, file_s) = (src.to_str().unwrap(), file.to_str().unwrap());
+    let report = yaml(&ok(
+        None,
+        &["-o", "yaml", "bundle", "pack", src_s, "--file", file_s],
+    ));
+    assert_eq!(report["files"], 1);
+    assert_eq!(
+        report["bundleBytes"],
+        std::fs::metadata(&file).unwrap().len()
+    );
+    let inspected = json(&ok(None, &["bundle", "inspect", file_s, "-o", "json"]));
+    assert_eq!(inspected["revision"], report["revision"]);
+}
+
+/// Every command path below `path`, from the "Commands:" section of its help.
+fn commands(path: &[String]) -> Vec<Vec<String>> {
+    let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+    args.push("--help");
+    let help = ok(None, &args);
+    let mut found = vec![path.to_vec()];
+    let section = help
+        .split("\nCommands:\n")
+        .nth(1)
+        .map(|rest| rest.split("\n\n").next().unwrap_or_default());
+    for line in section.unwrap_or_default().lines() {
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        if name != "help" {
+            let mut sub = path.to_vec();
+            sub.push(name.to_owned());
+            found.extend(commands(&sub));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_command_has_an_example_and_the_exit_codes_are_documented() {
+    let all = commands(&[]);
+    // The walk really found the tree.
+    for expected in [
+        vec!["workload", "download"],
+        vec!["context", "create"],
+        vec!["bundle", "pack"],
+        vec!["token", "mint"],
+        vec!["completion"],
+    ] {
+        assert!(
+            all.iter().any(|p| *p == expected),
+            "{expected:?} not in {all:?}"
+        );
+    }
+    for path in &all {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let help = ok(None, &args);
+        let examples = help
+            .split("\nExamples:\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("`contextctl {}` has no examples:\n{help}", path.join(" ")));
+        assert!(
+            examples
+                .lines()
+                .next()
+                .is_some_and(|l| l.trim_start().contains("contextctl ")),
+            "{path:?}: {examples}"
+        );
+    }
+    let help = ok(None, &["--help"]);
+    let exit = help.split("\nExit status:\n").nth(1).expect("exit codes");
+    for code in ["0", "1", "2"] {
+        assert!(
+            exit.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{code} "))),
+            "exit {code}: {exit}"
+        );
+    }
+}
+
+#[test]
+fn completions_for_every_shell() {
+    for (shell, marker) in [
+        ("bash", "complete -F _contextctl"),
+        ("zsh", "#compdef contextctl"),
+        ("fish", "complete -c contextctl"),
+        ("powershell", "Register-ArgumentCompleter"),
+    ] {
+        let script = ok(None, &["completion", shell]);
+        assert!(script.contains(marker), "{shell}: no {marker:?}");
+        assert!(script.contains("workload"), "{shell}: no subcommands");
+    }
+    // bash: load the script and ask it, as a shell would on <TAB>.
+    let probe = format!(
+        r#"source <("{bin}" completion bash) || exit 3
+complete -p contextctl >/dev/null || exit 4
+COMP_WORDS=(contextctl wor); COMP_CWORD=1; _contextctl contextctl wor contextctl
+echo "${{COMPREPLY[*]}}"
+COMP_WORDS=(contextctl get x -o ''); COMP_CWORD=4; _contextctl contextctl '' -o
+echo "${{COMPREPLY[*]}}""#,
+        bin = env!("CARGO_BIN_EXE_contextctl")
+    );
+    let out = Command::new("bash").arg("-c").arg(probe).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "workload\ntext json yaml name wide\n"
+    );
+}
