@@ -1,0 +1,312 @@
+//! The OpenAPI document of the API (`GET /openapi.json`), generated from
+//! the handlers' `#[utoipa::path]` attributes and the view types' schemas.
+//! The router and the document are built from the same `routes!` list
+//! (see [`super::routes`]), so a route cannot be served undocumented.
+//!
+//! Every error answer of an operation is listed under its status with the
+//! exact error codes in the `x-error-codes` extension (an array of strings)
+//! and in the description; the per-route lists are [`ErrorSet`]s built
+//! from the shared sets below, which follow the mapping in
+//! [`super::error`].
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use bytes::Bytes;
+use utoipa::openapi::extensions::ExtensionsBuilder;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToSchema};
+
+use super::error::DELIVERY_FAILED;
+use super::error_body::ErrorBody;
+use crate::delivery::FailedBody;
+
+/// The extension of an error response that lists its error codes.
+pub const ERROR_CODES_EXTENSION: &str = "x-error-codes";
+
+/// Security scheme: `Authorization: Bearer <JWT>`.
+pub const BEARER: &str = "bearer";
+/// Security scheme: upstream's `X-SH-Auth: <JWT>` header (the same token).
+pub const SH_AUTH: &str = "shAuth";
+/// Security scheme: `Authorization: Bearer <upload grant token>`.
+pub const UPLOAD_GRANT: &str = "uploadGrant";
+
+/// The document's fixed part: metadata, shared schemas, security schemes.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Context Service",
+        description = "Allocation engine and context gateway for AI-agent sandboxes. \
+            Every error answer is `{\"error\": \"<code>\", \"message\": \"<text>\"}`; \
+            the codes an operation can answer are listed per status in `x-error-codes`.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    components(schemas(ErrorBody, FailedBody)),
+    modifiers(&SecuritySchemes),
+    tags(
+        (name = "service", description = "Health, readiness, metrics and this document"),
+        (name = "pools", description = "Sandbox pools"),
+        (name = "contexts", description = "Named contexts"),
+        (name = "workloads", description = "Workloads and their bundles"),
+        (name = "deliveries", description = "Deliveries of workloads into sandboxes"),
+    )
+)]
+pub(super) struct Base;
+
+struct SecuritySchemes;
+
+impl Modify for SecuritySchemes {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            BEARER,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some("An API token: a JWT carrying `sub` and `scope`."))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            SH_AUTH,
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "X-SH-Auth",
+                "The same JWT as `Authorization: Bearer`, as upstream clients send it. \
+                 When both are sent they must carry the same token.",
+            ))),
+        );
+        components.add_security_scheme(
+            UPLOAD_GRANT,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The single-use token of an upload grant (`upload.token`).",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// `X-Context-Subject`: a trusted service (scope `delegate`) acting for a
+/// user.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Header)]
+pub(super) struct Delegation {
+    /// `user:<id>`: act for this user (needs the scope `delegate`).
+    #[param(rename = "X-Context-Subject")]
+    #[allow(dead_code)]
+    subject: Option<String>,
+}
+
+/// One error answer: a status and the code in its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCase {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The `error` code of the body.
+    pub code: &'static str,
+}
+
+/// An [`ErrorCase`], in a const.
+pub(super) const fn case(status: StatusCode, code: &'static str) -> ErrorCase {
+    ErrorCase { status, code }
+}
+
+/// Authentication and authorisation of a user-token route
+/// (`api::extract`): no, a bad or an expired token, a missing scope, a bad
+/// `X-Context-Subject`.
+pub(super) const AUTH: &[ErrorCase] = &[
+    case(StatusCode::UNAUTHORIZED, "token_required"),
+    case(StatusCode::UNAUTHORIZED, "token_invalid"),
+    case(StatusCode::UNAUTHORIZED, "token_expired"),
+    case(StatusCode::FORBIDDEN, "scope_missing"),
+    case(StatusCode::BAD_REQUEST, "invalid_request"),
+];
+
+/// Every route but the streaming ones: the request deadline
+/// (`api::limits`), and a failure the client cannot fix.
+pub(super) const BASE: &[ErrorCase] = &[
+    case(StatusCode::SERVICE_UNAVAILABLE, "deadline_exceeded"),
+    case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+];
+
+/// Streaming routes (no deadline): a failure the client cannot fix.
+pub(super) const INTERNAL: &[ErrorCase] =
+    &[case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error")];
+
+/// A route that reads a request body: it went quiet (`api::limits`).
+pub(super) const BODY: &[ErrorCase] = &[case(StatusCode::REQUEST_TIMEOUT, "request_timeout")];
+
+/// A path parameter that cannot be decoded (`api::rejection`).
+pub(super) const PATH: &[ErrorCase] = &[case(StatusCode::BAD_REQUEST, "invalid_request")];
+
+/// A JSON body read by `ApiJson` (`api::extract`): too large, not JSON,
+/// not the schema.
+pub(super) const JSON_BODY: &[ErrorCase] = &[
+    case(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+    case(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+    case(StatusCode::BAD_REQUEST, "invalid_request"),
+];
+
+/// A JSON body decoded like upstream's Go handlers (`api::json`): every
+/// failure, even a body past the limit, is `400 invalid_request`.
+pub(super) const GO_JSON_BODY: &[ErrorCase] = &[case(StatusCode::BAD_REQUEST, "invalid_request")];
+
+/// `PoolError::NotFound`.
+pub(super) const NOT_FOUND: &[ErrorCase] = &[case(StatusCode::NOT_FOUND, "not_found")];
+
+/// A workload that does not exist (or is not the caller's).
+pub(super) const WORKLOAD_NOT_FOUND: &[ErrorCase] =
+    &[case(StatusCode::NOT_FOUND, "workload_not_found")];
+
+/// Whether a workload takes an upload (`check_uploadable`).
+pub(super) const UPLOADABLE: &[ErrorCase] = &[
+    case(StatusCode::CONFLICT, "workload_already_active"),
+    case(StatusCode::CONFLICT, "workload_not_ready"),
+];
+
+/// Receiving a bundle (`api::workloads::upload`, the workload service and
+/// the bundle engine's limits and rules).
+pub(super) const BUNDLE_UPLOAD: &[ErrorCase] = &[
+    case(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+    case(StatusCode::PAYLOAD_TOO_LARGE, "upload_too_large"),
+    case(StatusCode::PAYLOAD_TOO_LARGE, "inflated_too_large"),
+    case(StatusCode::PAYLOAD_TOO_LARGE, "too_many_entries"),
+    case(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large"),
+    case(StatusCode::BAD_REQUEST, "bundle_rejected"),
+    case(StatusCode::BAD_REQUEST, "invalid_request"),
+    case(StatusCode::CONFLICT, "upload_in_progress"),
+    case(StatusCode::TOO_MANY_REQUESTS, "too_many_uploads"),
+    case(StatusCode::SERVICE_UNAVAILABLE, "temp_space_exhausted"),
+    case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+];
+
+/// A backend without an exec port (`api::deliveries::service`).
+pub(super) const DELIVERIES_OFF: &[ErrorCase] =
+    &[case(StatusCode::NOT_IMPLEMENTED, "not_implemented")];
+
+/// The bytes of a bundle: a gzip-compressed tar.
+#[derive(Debug, ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub(super) struct BundleBytes(#[allow(dead_code)] Vec<u8>);
+
+/// The error answers of one operation: the union of a few sets.
+pub trait ErrorSet {
+    /// The sets; a status and code may appear in several.
+    const SETS: &'static [&'static [ErrorCase]];
+
+    /// Every case, each once, by status then code.
+    fn cases() -> Vec<ErrorCase> {
+        let mut cases: Vec<ErrorCase> = Self::SETS.iter().flat_map(|s| s.iter().copied()).collect();
+        cases.sort_by_key(|c| (c.status.as_u16(), c.code));
+        cases.dedup();
+        cases
+    }
+}
+
+/// The error responses of an [`ErrorSet`], for `responses(...)` of
+/// `#[utoipa::path]`.
+pub struct Errors<S>(PhantomData<S>);
+
+impl<S: ErrorSet> IntoResponses for Errors<S> {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::response::Response>> {
+        let mut by_status: BTreeMap<u16, Vec<&'static str>> = BTreeMap::new();
+        for c in S::cases() {
+            by_status.entry(c.status.as_u16()).or_default().push(c.code);
+        }
+        by_status
+            .into_iter()
+            .map(|(status, codes)| (status.to_string(), RefOr::T(error_response(&codes))))
+            .collect()
+    }
+}
+
+/// An error response listing `codes`; `delivery_failed` answers also carry
+/// every sandbox's outcome ([`FailedBody`]).
+fn error_response(codes: &[&'static str]) -> utoipa::openapi::response::Response {
+    let schema = if codes == [DELIVERY_FAILED] {
+        "FailedBody"
+    } else {
+        "ErrorBody"
+    };
+    let listed: Vec<String> = codes.iter().map(|c| format!("`{c}`")).collect();
+    ResponseBuilder::new()
+        .description(format!("Error codes: {}.", listed.join(", ")))
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name(schema)))
+                .build(),
+        )
+        .extensions(Some(
+            ExtensionsBuilder::new()
+                .add(ERROR_CODES_EXTENSION, serde_json::json!(codes))
+                .build(),
+        ))
+        .build()
+}
+
+/// Declares an [`ErrorSet`] type per operation.
+macro_rules! error_set {
+    ($(#[$doc:meta])* $name:ident = [$($set:expr),* $(,)?]) => {
+        $(#[$doc])*
+        pub(super) struct $name;
+
+        impl $crate::api::openapi::ErrorSet for $name {
+            const SETS: &'static [&'static [$crate::api::openapi::ErrorCase]] = &[$($set),*];
+        }
+    };
+}
+pub(super) use error_set;
+
+/// The served document: its JSON, encoded once.
+#[derive(Debug, Clone)]
+pub(super) struct Served(Bytes);
+
+impl Served {
+    /// Encodes `doc`.
+    pub(super) fn new(doc: &utoipa::openapi::OpenApi) -> Self {
+        // Encoding a document of plain maps and strings cannot fail; an
+        // empty object would still be valid JSON if it ever did.
+        let json = doc.to_pretty_json().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "encoding the OpenAPI document");
+            "{}".to_owned()
+        });
+        Self(Bytes::from(json))
+    }
+}
+
+/// This document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "getOpenApi",
+    tag = "service",
+    responses(
+        (status = OK, description = "The OpenAPI 3.1 document of this API.", body = Object),
+        Errors<ServeErrors>,
+    )
+)]
+pub(super) async fn serve(Extension(served): Extension<Served>) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        served.0,
+    )
+        .into_response()
+}
+
+error_set!(
+    /// Errors of `GET /openapi.json`.
+    ServeErrors = [BASE]
+);
