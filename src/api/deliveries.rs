@@ -22,9 +22,7 @@ use super::openapi::{
 };
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
-use crate::delivery::{
-    Delivered, DeliverInput, DeliveryService, DeliveryTarget, RunList, Verify,
-};
+use crate::delivery::{DeliverInput, Delivered, DeliveryService, DeliveryTarget, RunList, Verify};
 
 pub(super) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

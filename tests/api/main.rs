@@ -26,6 +26,7 @@ mod contexts;
 mod deliveries;
 mod hardening;
 mod hs256_secret;
+mod openapi;
 mod owners;
 mod pools;
 mod quotas;
