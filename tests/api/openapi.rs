@@ -198,6 +198,17 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// A request that provokes an error: method, path, content type and body,
+/// then the status, code and message part of the answer.
+type Provoked = (
+    Method,
+    &'static str,
+    Option<(&'static str, Vec<u8>)>,
+    u16,
+    &'static str,
+    &'static str,
+);
+
 /// Each route's error paths answer statuses and codes its entry lists
 /// (with the error body asserted).
 #[tokio::test]
@@ -236,8 +247,7 @@ async fn error_answers_are_listed_for_their_routes() {
             .map(|(_, r, _)| r.clone())
             .unwrap_or_else(|| panic!("{method} {path} is not documented"))
     };
-    // (method, path, content type and body, status, code, message part)
-    let cases: Vec<(Method, &str, Option<(&str, Vec<u8>)>, u16, &str, &str)> = vec![
+    let cases: Vec<Provoked> = vec![
         (
             Method::GET,
             "/v1/sandbox-pools/%FF",
