@@ -310,3 +310,201 @@ error_set!(
     /// Errors of `GET /openapi.json`.
     ServeErrors = [BASE]
 );
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::ERROR_CODES_EXTENSION;
+    use crate::api::ApiError;
+    use crate::auth::{AuthError, Scope};
+    use crate::bundle::BundleError;
+    use crate::delivery::DeliveryError as D;
+    use crate::pool::{BackendError, PoolError as P, Subject};
+    use crate::workload::WorkloadError as W;
+
+    /// Every (status, code) some operation of the document lists.
+    fn listed() -> BTreeSet<(u16, String)> {
+        let doc = serde_json::to_value(crate::api::openapi_document(true)).unwrap();
+        let mut listed = BTreeSet::new();
+        for item in doc["paths"].as_object().unwrap().values() {
+            for op in item.as_object().unwrap().values() {
+                for (status, response) in op["responses"].as_object().unwrap() {
+                    for code in response[ERROR_CODES_EXTENSION]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                    {
+                        let status = status.parse().unwrap();
+                        listed.insert((status, code.as_str().unwrap().to_owned()));
+                    }
+                }
+            }
+        }
+        listed
+    }
+
+    /// Compiles only while every variant is named, so that a new domain
+    /// error gets a sample in the test below.
+    fn named(w: &W, p: &P, d: &D, a: &AuthError) {
+        match w {
+            W::NotFound(_)
+            | W::NameInvalid(_)
+            | W::TypeInvalid(_)
+            | W::NameTaken(_)
+            | W::QuotaExceeded(_)
+            | W::RevisionInvalid(_)
+            | W::RevisionMismatch(_)
+            | W::AlreadyActive(_)
+            | W::NotReady(_)
+            | W::RevisionNotFound(_)
+            | W::GrantInvalid
+            | W::GrantExpired
+            | W::Bundle(_)
+            | W::TooManyUploads(_)
+            | W::UploadInProgress
+            | W::TempSpaceExhausted(_)
+            | W::TooLarge(_)
+            | W::UploadBroken(_)
+            | W::Internal(_) => {}
+        }
+        match p {
+            P::Invalid(_)
+            | P::NotFound(_)
+            | P::AlreadyExists(_)
+            | P::PoolQuotaExceeded { .. }
+            | P::ContextQuotaExceeded(_)
+            | P::NotReady(_)
+            | P::Internal { .. } => {}
+        }
+        match d {
+            D::InvalidRequest(_)
+            | D::WorkloadNotFound(_)
+            | D::SandboxNotFound(_)
+            | D::PoolNotFound(_)
+            | D::RunNotFound(_)
+            | D::WorkloadNotReady(_)
+            | D::RunConflict { .. }
+            | D::Failed { .. }
+            | D::Internal(_) => {}
+        }
+        match a {
+            AuthError::TokenRequired
+            | AuthError::TokenInvalid(_)
+            | AuthError::TokenExpired
+            | AuthError::ScopeMissing(_)
+            | AuthError::DelegateMissing
+            | AuthError::SubjectInvalid => {}
+        }
+    }
+
+    #[test]
+    fn every_domain_error_is_listed_by_some_route() {
+        named(
+            &W::UploadInProgress,
+            &P::Invalid(String::new()),
+            &D::Internal(String::new()),
+            &AuthError::TokenRequired,
+        );
+        let s = String::new;
+        let backend = || BackendError::internal("x", std::io::Error::other("x"));
+        let mut answers: Vec<ApiError> = [
+            W::NotFound(s()),
+            W::NameInvalid(s()),
+            W::TypeInvalid(s()),
+            W::NameTaken(s()),
+            W::QuotaExceeded(1),
+            W::RevisionInvalid(s()),
+            W::RevisionMismatch(s()),
+            W::AlreadyActive(s()),
+            W::NotReady(s()),
+            W::RevisionNotFound(s()),
+            W::GrantInvalid,
+            W::GrantExpired,
+            W::Bundle(BundleError::InflatedTooLarge {
+                limit: 1,
+                entry: None,
+            }),
+            W::Bundle(BundleError::TooManyEntries {
+                limit: 1,
+                entry: s(),
+            }),
+            W::Bundle(BundleError::FileTooLarge {
+                entry: s(),
+                size: 2,
+                limit: 1,
+            }),
+            W::Bundle(BundleError::PathTraversal { entry: s() }),
+            W::TooManyUploads(s()),
+            W::UploadInProgress,
+            W::TempSpaceExhausted(s()),
+            W::TooLarge(s()),
+            W::UploadBroken(s()),
+            W::Internal(s()),
+        ]
+        .into_iter()
+        .map(ApiError::from)
+        .collect();
+        answers.extend(
+            [
+                P::Invalid(s()),
+                P::NotFound(Subject::Pool),
+                P::AlreadyExists(Subject::Context),
+                P::PoolQuotaExceeded {
+                    quota: 1,
+                    held: 1,
+                    asked: 1,
+                },
+                P::ContextQuotaExceeded(1),
+                P::NotReady(backend()),
+                P::Internal {
+                    doing: s(),
+                    source: backend(),
+                },
+            ]
+            .into_iter()
+            .map(ApiError::from),
+        );
+        answers.extend(
+            [
+                D::InvalidRequest(s()),
+                D::WorkloadNotFound(s()),
+                D::SandboxNotFound(s()),
+                D::PoolNotFound(s()),
+                D::RunNotFound(s()),
+                D::WorkloadNotReady(s()),
+                D::RunConflict {
+                    run: s(),
+                    revision: s(),
+                },
+                D::Failed {
+                    reason: s(),
+                    outcomes: Vec::new(),
+                },
+                D::Internal(s()),
+            ]
+            .into_iter()
+            .map(ApiError::from),
+        );
+        answers.extend(
+            [
+                AuthError::TokenRequired,
+                AuthError::TokenInvalid(s()),
+                AuthError::TokenExpired,
+                AuthError::ScopeMissing(Scope::PoolsRead),
+                AuthError::DelegateMissing,
+                AuthError::SubjectInvalid,
+            ]
+            .into_iter()
+            .map(ApiError::from),
+        );
+        let listed = listed();
+        let missing: Vec<String> = answers
+            .iter()
+            .map(|e| (e.status().as_u16(), e.code().to_owned()))
+            .filter(|answer| !listed.contains(answer))
+            .map(|(status, code)| format!("{status} {code}"))
+            .collect();
+        assert!(missing.is_empty(), "no route lists {missing:?}");
+    }
+}
