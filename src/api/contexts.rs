@@ -101,7 +101,9 @@ async fn list(
     Ok(json::respond(StatusCode::OK, &list))
 }
 
-/// Reads one of the caller's contexts (scope `contexts:read`).
+/// Reads one of the caller's contexts.
+///
+/// Scope `contexts:read`.
 #[utoipa::path(
     get,
     path = "/v1/namespaces/{namespace}/contexts/{name}",
@@ -127,8 +129,9 @@ async fn read(
     Ok(json::respond(StatusCode::OK, &Context::from(&status)))
 }
 
-/// Deletes one of the caller's contexts and its volume (scope
-/// `contexts:write`).
+/// Deletes one of the caller's contexts and its volume.
+///
+/// Scope `contexts:write`.
 #[utoipa::path(
     delete,
     path = "/v1/namespaces/{namespace}/contexts/{name}",

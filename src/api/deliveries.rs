@@ -98,8 +98,10 @@ fn service(state: &AppState) -> Result<&DeliveryService, ApiError> {
     })
 }
 
-/// Delivers the workload's active revision into a sandbox or every sandbox
-/// of a pool, as run `runId` (scope `workloads:deliver`).
+/// Delivers the workload's active revision.
+///
+/// Scope `workloads:deliver`. Into a sandbox or every sandbox of a pool, as
+/// run `runId`.
 #[utoipa::path(
     post,
     path = "/v1/workloads/{id}/deliveries",
@@ -160,8 +162,10 @@ async fn list(
     Ok(Json(RunList { deliveries }).into_response())
 }
 
-/// Releases a run: removes its view from every sandbox it reached (scope
-/// `workloads:deliver`).
+/// Releases a run.
+///
+/// Scope `workloads:deliver`. Removes the run's view from every sandbox it
+/// reached.
 #[utoipa::path(
     delete,
     path = "/v1/workloads/{id}/deliveries/{run}",

@@ -55,8 +55,10 @@ async fn healthz() -> Response {
     json::respond(StatusCode::OK, &Health { status: "ok" })
 }
 
-/// Readiness: ready when the sandbox backend answers (the embedded store is
-/// opened at start-up, so a running process has it).
+/// Readiness.
+///
+/// Ready when the sandbox backend answers (the embedded store is opened at
+/// start-up, so a running process has it).
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -69,8 +71,10 @@ async fn readyz(State(state): State<AppState>) -> ApiResult<Response> {
     Ok(json::respond(StatusCode::OK, &Health { status: "ready" }))
 }
 
-/// Prometheus metrics (OpenMetrics text). Served here unless the service
-/// runs with `--metrics-addr`, which serves them on their own address.
+/// Prometheus metrics (OpenMetrics text).
+///
+/// Served here unless the service runs with `--metrics-addr`, which serves
+/// them on their own address.
 #[utoipa::path(
     get,
     path = "/metrics",

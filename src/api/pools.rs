@@ -97,8 +97,10 @@ struct ReadQuery {
     timeout: Option<String>,
 }
 
-/// Reads one of the caller's pools (scope `pools:read`); with
-/// `?wait=ready`, holds the answer until it is ready or failed.
+/// Reads one of the caller's pools.
+///
+/// Scope `pools:read`. With `?wait=ready`, holds the answer until the pool
+/// is ready or failed.
 #[utoipa::path(
     get,
     path = "/v1/sandbox-pools/{name}",
@@ -163,8 +165,9 @@ async fn list(State(state): State<AppState>, principal: Principal) -> ApiResult<
     Ok(json::respond(StatusCode::OK, &list))
 }
 
-/// Deletes one of the caller's pools and its sandboxes (scope
-/// `pools:write`).
+/// Deletes one of the caller's pools and its sandboxes.
+///
+/// Scope `pools:write`.
 #[utoipa::path(
     delete,
     path = "/v1/sandbox-pools/{name}",

@@ -144,8 +144,10 @@ error_set!(
     ]
 );
 
-/// Creates a workload of the caller (scope `workloads:write`); the answer
-/// carries a one-time upload grant for its first bundle.
+/// Creates a workload of the caller.
+///
+/// Scope `workloads:write`. The answer carries a one-time upload grant for
+/// its first bundle.
 #[utoipa::path(
     post,
     path = "/v1/workloads",
@@ -205,8 +207,9 @@ async fn read(
     Ok(Json(svc.get(&principal.owner().key(), &id).await?).into_response())
 }
 
-/// Deletes one of the caller's workloads and its bundles (scope
-/// `workloads:write`).
+/// Deletes one of the caller's workloads and its bundles.
+///
+/// Scope `workloads:write`.
 #[utoipa::path(
     delete,
     path = "/v1/workloads/{id}",
@@ -226,8 +229,9 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Issues a new one-time upload grant for a workload awaiting its bundle
-/// (scope `workloads:write`).
+/// Issues a new one-time upload grant.
+///
+/// Scope `workloads:write`; the workload must be awaiting its bundle.
 #[utoipa::path(
     post,
     path = "/v1/workloads/{id}/uploads",
@@ -247,8 +251,9 @@ async fn new_grant(
     Ok((StatusCode::CREATED, Json(grant)).into_response())
 }
 
-/// Freezes an uploaded revision as the workload's active one (scope
-/// `workloads:write`).
+/// Freezes an uploaded revision as the workload's active one.
+///
+/// Scope `workloads:write`.
 #[utoipa::path(
     post,
     path = "/v1/workloads/{id}/activate",
@@ -301,8 +306,10 @@ async fn upload_by_owner(
     upload(&svc, ticket, &headers, body).await
 }
 
-/// Uploads a bundle with a one-time upload grant (its token as
-/// `Authorization: Bearer`), e.g. from a build job without an API token.
+/// Uploads a bundle with a one-time upload grant.
+///
+/// The grant's token goes in `Authorization: Bearer`, e.g. from a build job
+/// without an API token.
 #[utoipa::path(
     put,
     path = "/v1/uploads/{grant}",
@@ -379,9 +386,11 @@ async fn upload(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
-/// Downloads a revision's bundle (scope `workloads:read`); `HEAD` answers
-/// the same headers without the body. Honours `If-None-Match` (`304`) and
-/// a single `Range` (`206`), with `If-Range`.
+/// Downloads a revision's bundle.
+///
+/// Scope `workloads:read`. `HEAD` answers the same headers without the
+/// body. Honours `If-None-Match` (`304`) and a single `Range` (`206`), with
+/// `If-Range`.
 #[utoipa::path(
     get,
     path = "/v1/workloads/{id}/revisions/{revision}/bundle",
