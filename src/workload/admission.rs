@@ -3,7 +3,7 @@
 //! upload running (a trusted freeze refuses those).
 //!
 //! An upload holds one thread of tokio's blocking pool while it reads its
-//! body (and a sink thread while it compresses). Admission caps both, so
+//! body (and the bundle engine's threads while it runs). Admission caps both, so
 //! stalled uploads can never take the threads that store calls and
 //! downloads run on: the service-wide cap is at most
 //! [`MAX_CONCURRENT_UPLOADS`], half of tokio's default blocking pool.
