@@ -6,26 +6,59 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::Router;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::error::ApiResult;
 use super::json::{self, path_param, GoField, GoKind, GoStruct};
+use super::openapi::{
+    case, error_set, Delegation, Errors, AUTH, BASE, BODY, GO_JSON_BODY, NOT_FOUND, PATH,
+};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::pool::validate::{CreateContextRequest, StorageRequest};
-use crate::pool::view::{Context, ContextList};
+use crate::pool::view::{Context, ContextList, CreateContext};
 
-pub(super) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/contexts", post(create))
-        .route("/v1/namespaces/{namespace}/contexts", get(list))
-        .route(
-            "/v1/namespaces/{namespace}/contexts/{name}",
-            get(read).delete(remove),
-        )
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create))
+        .routes(routes!(list))
+        .routes(routes!(read, remove))
 }
 
+error_set!(
+    /// Errors of `POST /v1/contexts`.
+    CreateErrors = [
+        AUTH,
+        BASE,
+        BODY,
+        GO_JSON_BODY,
+        &[
+            case(StatusCode::CONFLICT, "already_exists"),
+            case(StatusCode::TOO_MANY_REQUESTS, "context_quota_exceeded"),
+        ],
+    ]
+);
+error_set!(
+    /// Errors of `GET /v1/namespaces/{namespace}/contexts`.
+    ListErrors = [AUTH, BASE, PATH]
+);
+error_set!(
+    /// Errors of `GET` and `DELETE /v1/namespaces/{namespace}/contexts/{name}`.
+    OneErrors = [AUTH, BASE, PATH, NOT_FOUND]
+);
+
+/// Creates a named context of the caller (scope `contexts:write`).
+#[utoipa::path(
+    post,
+    path = "/v1/contexts",
+    operation_id = "createContext",
+    tag = "contexts",
+    params(Delegation),
+    request_body = CreateContext,
+    responses((status = CREATED, description = "The context, provisioning.", body = Context), Errors<CreateErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn create(
     State(state): State<AppState>,
     principal: Principal,
@@ -43,6 +76,16 @@ async fn create(
     Ok(overflow.response(json::respond(StatusCode::CREATED, &Context::from(&status))))
 }
 
+/// Lists the caller's contexts in a namespace (scope `contexts:read`).
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/contexts",
+    operation_id = "listContexts",
+    tag = "contexts",
+    params(("namespace" = String, Path, description = "Namespace"), Delegation),
+    responses((status = OK, description = "The caller's contexts, by name.", body = ContextList), Errors<ListErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn list(
     State(state): State<AppState>,
     principal: Principal,
@@ -58,6 +101,22 @@ async fn list(
     Ok(json::respond(StatusCode::OK, &list))
 }
 
+/// Reads one of the caller's contexts.
+///
+/// Scope `contexts:read`.
+#[utoipa::path(
+    get,
+    path = "/v1/namespaces/{namespace}/contexts/{name}",
+    operation_id = "getContext",
+    tag = "contexts",
+    params(
+        ("namespace" = String, Path, description = "Namespace"),
+        ("name" = String, Path, description = "Context name"),
+        Delegation
+    ),
+    responses((status = OK, description = "The context.", body = Context), Errors<OneErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn read(
     State(state): State<AppState>,
     principal: Principal,
@@ -70,6 +129,22 @@ async fn read(
     Ok(json::respond(StatusCode::OK, &Context::from(&status)))
 }
 
+/// Deletes one of the caller's contexts and its volume.
+///
+/// Scope `contexts:write`.
+#[utoipa::path(
+    delete,
+    path = "/v1/namespaces/{namespace}/contexts/{name}",
+    operation_id = "deleteContext",
+    tag = "contexts",
+    params(
+        ("namespace" = String, Path, description = "Namespace"),
+        ("name" = String, Path, description = "Context name"),
+        Delegation
+    ),
+    responses((status = NO_CONTENT, description = "Deleted."), Errors<OneErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn remove(
     State(state): State<AppState>,
     principal: Principal,

@@ -7,32 +7,83 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::Deserialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::error::{ApiError, DeliveryApiError};
+use super::error::{ApiError, DeliveryApiError, DELIVERY_FAILED};
 use super::extract::ApiJson;
 use super::json::path_param;
+use super::openapi::{
+    case, error_set, Delegation, ErrorCase, Errors, AUTH, BASE, BODY, DELIVERIES_OFF, JSON_BODY,
+    PATH, WORKLOAD_NOT_FOUND,
+};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
-use crate::delivery::{DeliverInput, DeliveryService, DeliveryTarget, RunList, Verify};
+use crate::delivery::{DeliverInput, Delivered, DeliveryService, DeliveryTarget, RunList, Verify};
 
-pub(super) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/workloads/{id}/deliveries", post(deliver).get(list))
-        .route("/v1/workloads/{id}/deliveries/{run}", delete(release))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(deliver, list))
+        .routes(routes!(release))
 }
 
-/// `POST /v1/workloads/{id}/deliveries` body.
-#[derive(Debug, Deserialize)]
+/// `POST /v1/workloads/{id}/deliveries` body: exactly one of `sandbox` and
+/// `pool`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct DeliverBody {
+    /// The caller's id of the run: the same id delivers idempotently.
     run_id: String,
+    /// Deliver into this sandbox.
     sandbox: Option<String>,
+    /// Deliver into every sandbox of this pool.
     pool: Option<String>,
+    /// How thoroughly a revision already in a sandbox is checked.
     verify: Option<Verify>,
 }
+
+/// A delivery or release that failed in a sandbox (`502`, with every
+/// sandbox's outcome).
+const FAILED: &[ErrorCase] = &[case(StatusCode::BAD_GATEWAY, DELIVERY_FAILED)];
+
+error_set!(
+    /// Errors of `POST /v1/workloads/{id}/deliveries`.
+    DeliverErrors = [
+        AUTH,
+        BASE,
+        BODY,
+        PATH,
+        JSON_BODY,
+        DELIVERIES_OFF,
+        WORKLOAD_NOT_FOUND,
+        FAILED,
+        &[
+            case(StatusCode::NOT_FOUND, "sandbox_not_found"),
+            case(StatusCode::NOT_FOUND, "pool_not_found"),
+            case(StatusCode::CONFLICT, "workload_not_ready"),
+            case(StatusCode::CONFLICT, "run_conflict"),
+        ],
+    ]
+);
+error_set!(
+    /// Errors of `GET /v1/workloads/{id}/deliveries`.
+    ListErrors = [AUTH, BASE, PATH, DELIVERIES_OFF, WORKLOAD_NOT_FOUND]
+);
+error_set!(
+    /// Errors of `DELETE /v1/workloads/{id}/deliveries/{run}`.
+    ReleaseErrors = [
+        AUTH,
+        BASE,
+        PATH,
+        DELIVERIES_OFF,
+        WORKLOAD_NOT_FOUND,
+        FAILED,
+        &[case(StatusCode::NOT_FOUND, "run_not_found")],
+    ]
+);
 
 type DeliveryResult<T> = Result<T, DeliveryApiError>;
 
@@ -47,6 +98,20 @@ fn service(state: &AppState) -> Result<&DeliveryService, ApiError> {
     })
 }
 
+/// Delivers the workload's active revision.
+///
+/// Scope `workloads:deliver`. Into a sandbox or every sandbox of a pool, as
+/// run `runId`.
+#[utoipa::path(
+    post,
+    path = "/v1/workloads/{id}/deliveries",
+    operation_id = "deliverWorkload",
+    tag = "deliveries",
+    params(("id" = String, Path, description = "Workload name"), Delegation),
+    request_body = DeliverBody,
+    responses((status = CREATED, description = "Delivered into every sandbox.", body = Delivered), Errors<DeliverErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn deliver(
     State(state): State<AppState>,
     principal: Principal,
@@ -76,6 +141,16 @@ async fn deliver(
     Ok((StatusCode::CREATED, Json(delivered)).into_response())
 }
 
+/// Lists the workload's live runs (scope `workloads:deliver`).
+#[utoipa::path(
+    get,
+    path = "/v1/workloads/{id}/deliveries",
+    operation_id = "listDeliveries",
+    tag = "deliveries",
+    params(("id" = String, Path, description = "Workload name"), Delegation),
+    responses((status = OK, description = "The live runs, by run id.", body = RunList), Errors<ListErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn list(
     State(state): State<AppState>,
     principal: Principal,
@@ -87,6 +162,19 @@ async fn list(
     Ok(Json(RunList { deliveries }).into_response())
 }
 
+/// Releases a run.
+///
+/// Scope `workloads:deliver`. Removes the run's view from every sandbox it
+/// reached.
+#[utoipa::path(
+    delete,
+    path = "/v1/workloads/{id}/deliveries/{run}",
+    operation_id = "releaseDelivery",
+    tag = "deliveries",
+    params(("id" = String, Path, description = "Workload name"), ("run" = String, Path, description = "Run id"), Delegation),
+    responses((status = NO_CONTENT, description = "Released."), Errors<ReleaseErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn release(
     State(state): State<AppState>,
     principal: Principal,

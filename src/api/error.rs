@@ -189,6 +189,8 @@ impl IntoResponse for ApiError {
             message: self.message,
         };
         let mut resp = super::json::respond(self.status, &body);
+        resp.extensions_mut()
+            .insert(super::answer::ErrorCode(self.code));
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, secs.into());
@@ -419,7 +421,10 @@ impl IntoResponse for DeliveryApiError {
                     message,
                     deliveries: outcomes,
                 };
-                super::json::respond(StatusCode::BAD_GATEWAY, &body)
+                let mut resp = super::json::respond(StatusCode::BAD_GATEWAY, &body);
+                resp.extensions_mut()
+                    .insert(super::answer::ErrorCode(DELIVERY_FAILED));
+                resp
             }
         }
     }

@@ -2,9 +2,10 @@
 //! client. Plain serde: the client uses it without the server's HTTP stack.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// The JSON body of every error response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     /// Stable snake_case error code, e.g. `workload_not_found`.
     pub error: String,

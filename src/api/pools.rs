@@ -8,26 +8,68 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::Router;
 use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::error::{ApiError, ApiResult};
 use super::json::{self, path_param, GoField, GoKind, GoStruct};
+use super::openapi::{
+    case, error_set, Delegation, Errors, AUTH, BASE, BODY, GO_JSON_BODY, NOT_FOUND, PATH,
+};
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::pool::validate::{CreatePoolRequest, WorkspaceRequest};
-use crate::pool::view::{Pool, PoolList};
+use crate::pool::view::{CreatePool, Pool, PoolList};
 
 /// Default of `timeout` for `?wait=ready`.
 pub(super) const DEFAULT_WAIT: Duration = Duration::from_secs(60);
 
-pub(super) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/sandbox-pools", post(create).get(list))
-        .route("/v1/sandbox-pools/{name}", get(read).delete(remove))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(read, remove))
 }
 
+error_set!(
+    /// Errors of `POST /v1/sandbox-pools`.
+    CreateErrors = [
+        AUTH,
+        BASE,
+        BODY,
+        GO_JSON_BODY,
+        &[
+            case(StatusCode::CONFLICT, "already_exists"),
+            case(StatusCode::TOO_MANY_REQUESTS, "pool_quota_exceeded"),
+        ],
+    ]
+);
+error_set!(
+    /// Errors of `GET /v1/sandbox-pools`.
+    ListErrors = [AUTH, BASE]
+);
+error_set!(
+    /// Errors of `GET /v1/sandbox-pools/{name}` (`wait` and `timeout` are
+    /// checked: `400 invalid_request`).
+    ReadErrors = [AUTH, BASE, PATH, NOT_FOUND]
+);
+error_set!(
+    /// Errors of `DELETE /v1/sandbox-pools/{name}`.
+    RemoveErrors = [AUTH, BASE, PATH, NOT_FOUND]
+);
+
+/// Creates a sandbox pool of the caller (scope `pools:write`).
+#[utoipa::path(
+    post,
+    path = "/v1/sandbox-pools",
+    operation_id = "createPool",
+    tag = "pools",
+    params(Delegation),
+    request_body = CreatePool,
+    responses((status = CREATED, description = "The pool, provisioning.", body = Pool), Errors<CreateErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn create(
     State(state): State<AppState>,
     principal: Principal,
@@ -46,7 +88,8 @@ async fn create(
 }
 
 /// Query of `GET /v1/sandbox-pools/{name}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ReadQuery {
     /// `ready`: hold the request until the pool is ready or failed.
     wait: Option<String>,
@@ -54,6 +97,19 @@ struct ReadQuery {
     timeout: Option<String>,
 }
 
+/// Reads one of the caller's pools.
+///
+/// Scope `pools:read`. With `?wait=ready`, holds the answer until the pool
+/// is ready or failed.
+#[utoipa::path(
+    get,
+    path = "/v1/sandbox-pools/{name}",
+    operation_id = "getPool",
+    tag = "pools",
+    params(("name" = String, Path, description = "Pool name"), ReadQuery, Delegation),
+    responses((status = OK, description = "The pool.", body = Pool), Errors<ReadErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn read(
     State(state): State<AppState>,
     principal: Principal,
@@ -89,6 +145,16 @@ fn parse_wait(query: &ReadQuery) -> ApiResult<Option<Duration>> {
     }
 }
 
+/// Lists the caller's pools (scope `pools:read`).
+#[utoipa::path(
+    get,
+    path = "/v1/sandbox-pools",
+    operation_id = "listPools",
+    tag = "pools",
+    params(Delegation),
+    responses((status = OK, description = "The caller's pools, by name.", body = PoolList), Errors<ListErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn list(State(state): State<AppState>, principal: Principal) -> ApiResult<Response> {
     principal.require(Scope::PoolsRead)?;
     let owner = state.owner_scope.of(principal.owner());
@@ -99,6 +165,18 @@ async fn list(State(state): State<AppState>, principal: Principal) -> ApiResult<
     Ok(json::respond(StatusCode::OK, &list))
 }
 
+/// Deletes one of the caller's pools and its sandboxes.
+///
+/// Scope `pools:write`.
+#[utoipa::path(
+    delete,
+    path = "/v1/sandbox-pools/{name}",
+    operation_id = "deletePool",
+    tag = "pools",
+    params(("name" = String, Path, description = "Pool name"), Delegation),
+    responses((status = NO_CONTENT, description = "Deleted."), Errors<RemoveErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn remove(
     State(state): State<AppState>,
     principal: Principal,

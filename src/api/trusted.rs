@@ -20,40 +20,85 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
-use axum::Router;
 use futures::TryStreamExt;
+use serde::Deserialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::error::{ApiError, ApiResult};
 use super::extract::{api_token, bearer_token, SUBJECT_HEADER};
 use super::json::{self, path_param, GoField, GoKind, GoStruct};
+use super::openapi::{
+    case, error_set, BundleBytes, Errors, TrustedSubject, BASE, BODY, GO_JSON_BODY, INTERNAL,
+    NOT_FOUND, PATH, TRUSTED_AUTH,
+};
 use crate::app::AppState;
 use crate::auth::{Owner, ServiceCaller};
-use crate::workload::contexts::{ContextError, ContextKey, CreateContext};
+use crate::workload::contexts::{
+    CapabilityView, ContextError, ContextKey, CreateContext, TrustedContextView,
+};
 use crate::workload::{WorkloadService, BUNDLE_MEDIA_TYPE};
 
 pub(super) use crate::workload::contexts::is_capability_id;
 
-pub(super) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/internal/v1/contexts", post(create))
-        .route(
-            "/v1/namespaces/{namespace}/contexts/{name}/upload-capabilities",
-            post(capability),
-        )
-        .route(
-            "/internal/v1/namespaces/{namespace}/contexts/{name}/freeze",
-            post(freeze),
-        )
-        .route(
-            "/internal/v1/namespaces/{namespace}/contexts/{name}/revisions/{revision}/bundle",
-            get(export),
-        )
-        .route(
-            "/internal/v1/namespaces/{namespace}/contexts/{name}",
-            delete(remove),
-        )
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create))
+        .routes(routes!(capability))
+        .routes(routes!(freeze))
+        .routes(routes!(export))
+        .routes(routes!(remove))
 }
+
+error_set!(
+    /// Errors of `POST /internal/v1/contexts`.
+    CreateErrors = [
+        TRUSTED_AUTH,
+        BASE,
+        BODY,
+        GO_JSON_BODY,
+        &[
+            case(StatusCode::CONFLICT, "already_exists"),
+            case(StatusCode::TOO_MANY_REQUESTS, "context_quota_exceeded"),
+        ],
+    ]
+);
+error_set!(
+    /// Errors of `POST /v1/namespaces/{namespace}/contexts/{name}/upload-capabilities`.
+    CapabilityErrors = [
+        TRUSTED_AUTH,
+        BASE,
+        PATH,
+        NOT_FOUND,
+        &[case(StatusCode::CONFLICT, "context_frozen")],
+    ]
+);
+error_set!(
+    /// Errors of `POST /internal/v1/namespaces/{namespace}/contexts/{name}/freeze`.
+    FreezeErrors = [
+        TRUSTED_AUTH,
+        BASE,
+        BODY,
+        PATH,
+        GO_JSON_BODY,
+        NOT_FOUND,
+        &[
+            case(StatusCode::CONFLICT, "upload_in_progress"),
+            case(StatusCode::CONFLICT, "revision_mismatch"),
+            case(StatusCode::CONFLICT, "workload_not_ready"),
+        ],
+    ]
+);
+error_set!(
+    /// Errors of `GET /internal/v1/namespaces/{namespace}/contexts/{name}/revisions/{revision}/bundle`
+    /// (streaming: no deadline).
+    ExportErrors = [TRUSTED_AUTH, INTERNAL, PATH, NOT_FOUND]
+);
+error_set!(
+    /// Errors of `DELETE /internal/v1/namespaces/{namespace}/contexts/{name}`.
+    RemoveErrors = [TRUSTED_AUTH, BASE, PATH, NOT_FOUND]
+);
 
 /// `401 unauthorized`: the caller is not a platform service.
 fn unauthorized() -> ApiError {
@@ -114,6 +159,20 @@ fn context_key(
     })
 }
 
+/// Creates a Context owned by the subject.
+///
+/// The body is upstream's create request; its storage is checked, never
+/// shown. Answers `Cache-Control: no-store`.
+#[utoipa::path(
+    post,
+    path = "/internal/v1/contexts",
+    operation_id = "trustedCreateContext",
+    tag = "trusted",
+    params(TrustedSubject),
+    request_body = crate::pool::view::CreateContext,
+    responses((status = CREATED, description = "The Context.", body = TrustedContextView), Errors<CreateErrors>),
+    security(("service" = []), ("serviceShAuth" = []))
+)]
 async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -140,6 +199,24 @@ async fn create(
     Ok(overflow.response(no_store(resp)))
 }
 
+/// Issues a one-time upload capability for the subject's Context.
+///
+/// The client then sends the bundle with `PUT` to `uploadUrl`
+/// (`/v1/uploads/{grant}`) with `Authorization: Bearer <token>`. Refused
+/// once the Context is frozen. Answers `Cache-Control: no-store`.
+#[utoipa::path(
+    post,
+    path = "/v1/namespaces/{namespace}/contexts/{name}/upload-capabilities",
+    operation_id = "trustedUploadCapability",
+    tag = "trusted",
+    params(
+        ("namespace" = String, Path, description = "Namespace"),
+        ("name" = String, Path, description = "Context name"),
+        TrustedSubject
+    ),
+    responses((status = CREATED, description = "The capability.", body = CapabilityView), Errors<CapabilityErrors>),
+    security(("service" = []), ("serviceShAuth" = []))
+)]
 async fn capability(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -148,6 +225,14 @@ async fn capability(
     let key = context_key(trusted_subject(&state, &headers)?, path)?;
     let view = state.workloads.context_capability(&key).await?;
     Ok(no_store(json::respond(StatusCode::CREATED, &view)))
+}
+
+/// `POST …/freeze` body (upstream's `freezeContextRequest`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[allow(dead_code)]
+struct FreezeBody {
+    /// The Context's current revision (a lowercase SHA-256 digest).
+    revision: String,
 }
 
 /// Upstream's `freezeContextRequest`.
@@ -159,6 +244,24 @@ pub(super) static FREEZE_REQUEST: GoStruct = GoStruct {
     }],
 };
 
+/// Freezes the subject's Context at its current revision.
+///
+/// Idempotent for the frozen revision; a frozen Context takes no more
+/// uploads. Answers `Cache-Control: no-store`.
+#[utoipa::path(
+    post,
+    path = "/internal/v1/namespaces/{namespace}/contexts/{name}/freeze",
+    operation_id = "trustedFreezeContext",
+    tag = "trusted",
+    params(
+        ("namespace" = String, Path, description = "Namespace"),
+        ("name" = String, Path, description = "Context name"),
+        TrustedSubject
+    ),
+    request_body = FreezeBody,
+    responses((status = OK, description = "The frozen Context.", body = TrustedContextView), Errors<FreezeErrors>),
+    security(("service" = []), ("serviceShAuth" = []))
+)]
 async fn freeze(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -176,6 +279,24 @@ async fn freeze(
     Ok(overflow.response(no_store(json::respond(StatusCode::OK, &view))))
 }
 
+/// Downloads the bundle of the subject's frozen Context.
+///
+/// Found only while the Context is frozen at exactly `revision`. Answers
+/// `Cache-Control: no-store` and `Content-Disposition: attachment`.
+#[utoipa::path(
+    get,
+    path = "/internal/v1/namespaces/{namespace}/contexts/{name}/revisions/{revision}/bundle",
+    operation_id = "trustedExportContext",
+    tag = "trusted",
+    params(
+        ("namespace" = String, Path, description = "Namespace"),
+        ("name" = String, Path, description = "Context name"),
+        ("revision" = String, Path, description = "The frozen revision"),
+        TrustedSubject
+    ),
+    responses((status = OK, description = "The bundle (a gzip-compressed tar).", body = BundleBytes, content_type = "application/vnd.rossoctl.context"), Errors<ExportErrors>),
+    security(("service" = []), ("serviceShAuth" = []))
+)]
 async fn export(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -212,6 +333,21 @@ async fn export(
     Ok((StatusCode::OK, out, Body::from_stream(stream)).into_response())
 }
 
+/// Deletes the subject's Context and its revisions.
+#[utoipa::path(
+    delete,
+    path = "/internal/v1/namespaces/{namespace}/contexts/{name}",
+    operation_id = "trustedDeleteContext",
+    tag = "trusted",
+    params(
+        ("namespace" = String, Path, description = "Namespace"),
+        ("name" = String, Path, description = "Context name"),
+        ("force" = Option<String>, Query, description = "`true`: upstream's forced delete; accepted (nothing attaches to a Context here, so a delete never waits)"),
+        TrustedSubject
+    ),
+    responses((status = NO_CONTENT, description = "Deleted."), Errors<RemoveErrors>),
+    security(("service" = []), ("serviceShAuth" = []))
+)]
 async fn remove(
     State(state): State<AppState>,
     headers: HeaderMap,

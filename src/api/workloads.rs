@@ -7,35 +7,41 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::Json;
 use futures::TryStreamExt;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer_token, ApiJson};
+use super::openapi::{
+    case, error_set, BundleBytes, Delegation, Errors, AUTH, BASE, BODY, BUNDLE_UPLOAD, INTERNAL,
+    JSON_BODY, PATH, UPLOADABLE, WORKLOAD_NOT_FOUND,
+};
 use super::rejection::ApiPath;
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
-use crate::workload::{CreateWorkload, UploadTicket, WorkloadService, BUNDLE_MEDIA_TYPE};
+use crate::workload::contexts::UploadResultView;
+use crate::workload::{
+    CreateWorkload, RevisionView, UploadGrantView, UploadTicket, WorkloadService, WorkloadView,
+    BUNDLE_MEDIA_TYPE,
+};
 
-pub(super) fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/workloads", post(create).get(list))
-        .route("/v1/workloads/{id}", get(read).delete(remove))
-        .route("/v1/workloads/{id}/uploads", post(new_grant))
-        .route("/v1/workloads/{id}/bundle", put(upload_by_owner))
-        .route("/v1/workloads/{id}/activate", post(activate))
-        .route(
-            "/v1/workloads/{id}/revisions/{revision}/bundle",
-            get(download),
-        )
-        .route("/v1/uploads/{grant}", put(upload_by_grant))
+pub(super) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(read, remove))
+        .routes(routes!(new_grant))
+        .routes(routes!(upload_by_owner))
+        .routes(routes!(activate))
+        .routes(routes!(download))
+        .routes(routes!(upload_by_grant))
 }
 
 /// `POST /v1/workloads` body.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateBody {
     /// Requested name.
@@ -46,13 +52,121 @@ pub struct CreateBody {
 }
 
 /// `POST /v1/workloads/{id}/activate` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActivateBody {
     /// The revision to freeze.
     pub revision: String,
 }
 
+/// `GET /v1/workloads`.
+#[derive(Debug, Serialize, ToSchema)]
+struct WorkloadList {
+    /// The caller's workloads, by name.
+    workloads: Vec<WorkloadView>,
+}
+
+error_set!(
+    /// Errors of `POST /v1/workloads`.
+    CreateErrors = [
+        AUTH,
+        BASE,
+        BODY,
+        JSON_BODY,
+        &[
+            case(StatusCode::BAD_REQUEST, "workload_name_invalid"),
+            case(StatusCode::BAD_REQUEST, "context_type_invalid"),
+            case(StatusCode::CONFLICT, "workload_name_taken"),
+            case(StatusCode::TOO_MANY_REQUESTS, "workload_quota_exceeded"),
+        ],
+    ]
+);
+error_set!(
+    /// Errors of `GET /v1/workloads`.
+    ListErrors = [AUTH, BASE]
+);
+error_set!(
+    /// Errors of `GET` and `DELETE /v1/workloads/{id}`.
+    OneErrors = [AUTH, BASE, PATH, WORKLOAD_NOT_FOUND]
+);
+error_set!(
+    /// Errors of `POST /v1/workloads/{id}/uploads`.
+    GrantErrors = [AUTH, BASE, PATH, WORKLOAD_NOT_FOUND, UPLOADABLE]
+);
+error_set!(
+    /// Errors of `POST /v1/workloads/{id}/activate`.
+    ActivateErrors = [
+        AUTH,
+        BASE,
+        BODY,
+        PATH,
+        JSON_BODY,
+        WORKLOAD_NOT_FOUND,
+        UPLOADABLE,
+        &[
+            case(StatusCode::BAD_REQUEST, "revision_invalid"),
+            case(StatusCode::CONFLICT, "revision_mismatch"),
+        ],
+    ]
+);
+error_set!(
+    /// Errors of `PUT /v1/workloads/{id}/bundle` (streaming: no deadline).
+    OwnerUploadErrors = [AUTH, BODY, PATH, WORKLOAD_NOT_FOUND, UPLOADABLE, BUNDLE_UPLOAD]
+);
+error_set!(
+    /// Errors of `PUT /v1/uploads/{grant}`: the grant token instead of an
+    /// API token (streaming: no deadline); with a trusted capability,
+    /// upstream's codes (`super::trusted::upload`).
+    GrantUploadErrors = [
+        BODY,
+        PATH,
+        WORKLOAD_NOT_FOUND,
+        UPLOADABLE,
+        BUNDLE_UPLOAD,
+        &[
+            case(StatusCode::UNAUTHORIZED, "token_required"),
+            case(StatusCode::UNAUTHORIZED, "token_invalid"),
+            case(StatusCode::UNAUTHORIZED, "token_expired"),
+        ],
+        // Trusted capabilities.
+        &[
+            case(StatusCode::UNAUTHORIZED, "unauthorized"),
+            case(StatusCode::NOT_FOUND, "not_found"),
+            case(StatusCode::CONFLICT, "context_frozen"),
+        ],
+    ]
+);
+error_set!(
+    /// Errors of `GET /v1/workloads/{id}/revisions/{revision}/bundle`
+    /// (streaming: no deadline).
+    DownloadErrors = [
+        AUTH,
+        INTERNAL,
+        PATH,
+        WORKLOAD_NOT_FOUND,
+        &[
+            case(StatusCode::BAD_REQUEST, "revision_invalid"),
+            case(StatusCode::NOT_FOUND, "revision_not_found"),
+            case(StatusCode::CONFLICT, "workload_not_ready"),
+            case(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable"),
+        ],
+    ]
+);
+
+/// Creates a workload of the caller.
+///
+/// Scope `workloads:write`. The answer carries a one-time upload grant for
+/// its first bundle.
+#[utoipa::path(
+    post,
+    path = "/v1/workloads",
+    operation_id = "createWorkload",
+    tag = "workloads",
+    params(Delegation),
+    request_body = CreateBody,
+    responses((status = CREATED, description = "The workload, awaiting its upload, with `upload`.", body = WorkloadView), Errors<CreateErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn create(
     State(svc): State<WorkloadService>,
     principal: Principal,
@@ -68,12 +182,32 @@ async fn create(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
+/// Lists the caller's workloads (scope `workloads:read`).
+#[utoipa::path(
+    get,
+    path = "/v1/workloads",
+    operation_id = "listWorkloads",
+    tag = "workloads",
+    params(Delegation),
+    responses((status = OK, description = "The caller's workloads, by name.", body = WorkloadList), Errors<ListErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn list(State(svc): State<WorkloadService>, principal: Principal) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
     let workloads = svc.list(&principal.owner().key()).await?;
-    Ok(Json(json!({ "workloads": workloads })).into_response())
+    Ok(Json(WorkloadList { workloads }).into_response())
 }
 
+/// Reads one of the caller's workloads (scope `workloads:read`).
+#[utoipa::path(
+    get,
+    path = "/v1/workloads/{id}",
+    operation_id = "getWorkload",
+    tag = "workloads",
+    params(("id" = String, Path, description = "Workload name"), Delegation),
+    responses((status = OK, description = "The workload.", body = WorkloadView), Errors<OneErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn read(
     State(svc): State<WorkloadService>,
     principal: Principal,
@@ -83,6 +217,18 @@ async fn read(
     Ok(Json(svc.get(&principal.owner().key(), &id).await?).into_response())
 }
 
+/// Deletes one of the caller's workloads and its bundles.
+///
+/// Scope `workloads:write`.
+#[utoipa::path(
+    delete,
+    path = "/v1/workloads/{id}",
+    operation_id = "deleteWorkload",
+    tag = "workloads",
+    params(("id" = String, Path, description = "Workload name"), Delegation),
+    responses((status = NO_CONTENT, description = "Deleted."), Errors<OneErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn remove(
     State(svc): State<WorkloadService>,
     principal: Principal,
@@ -93,6 +239,18 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Issues a new one-time upload grant.
+///
+/// Scope `workloads:write`; the workload must be awaiting its bundle.
+#[utoipa::path(
+    post,
+    path = "/v1/workloads/{id}/uploads",
+    operation_id = "createUploadGrant",
+    tag = "workloads",
+    params(("id" = String, Path, description = "Workload name"), Delegation),
+    responses((status = CREATED, description = "The grant.", body = UploadGrantView), Errors<GrantErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn new_grant(
     State(svc): State<WorkloadService>,
     principal: Principal,
@@ -103,6 +261,19 @@ async fn new_grant(
     Ok((StatusCode::CREATED, Json(grant)).into_response())
 }
 
+/// Freezes an uploaded revision as the workload's active one.
+///
+/// Scope `workloads:write`.
+#[utoipa::path(
+    post,
+    path = "/v1/workloads/{id}/activate",
+    operation_id = "activateWorkload",
+    tag = "workloads",
+    params(("id" = String, Path, description = "Workload name"), Delegation),
+    request_body = ActivateBody,
+    responses((status = OK, description = "The workload, ready.", body = WorkloadView), Errors<ActivateErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn activate(
     State(svc): State<WorkloadService>,
     principal: Principal,
@@ -116,6 +287,23 @@ async fn activate(
     Ok(Json(view).into_response())
 }
 
+/// Uploads a bundle as the workload's owner (scope `workloads:write`).
+#[utoipa::path(
+    put,
+    path = "/v1/workloads/{id}/bundle",
+    operation_id = "uploadBundle",
+    tag = "workloads",
+    params(("id" = String, Path, description = "Workload name"), Delegation),
+    request_body(
+        description = "The bundle (a gzip-compressed tar), streamed.",
+        content(
+            (BundleBytes = "application/vnd.rossoctl.context"),
+            (BundleBytes = "application/gzip")
+        )
+    ),
+    responses((status = CREATED, description = "The uploaded revision, waiting for activation.", body = RevisionView), Errors<OwnerUploadErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn upload_by_owner(
     State(svc): State<WorkloadService>,
     principal: Principal,
@@ -128,6 +316,43 @@ async fn upload_by_owner(
     upload(&svc, ticket, &headers, body).await
 }
 
+/// The answer of `PUT /v1/uploads/{grant}`, by the kind of id.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // Only documents the two answers.
+enum GrantUploadAnswer {
+    /// A workload upload grant: the uploaded revision.
+    Revision(RevisionView),
+    /// A trusted upload capability: the Context's new current revision.
+    Capability(UploadResultView),
+}
+
+/// Uploads a bundle with a one-time upload grant or capability.
+///
+/// The token goes in `Authorization: Bearer`, e.g. from a build job
+/// without an API token. Two kinds of id share the route: a workload upload
+/// grant (32 hex characters, from `upload.url` of the workload API), and a
+/// trusted upload capability (24 base64url characters, from `uploadUrl` of
+/// `POST …/upload-capabilities`), which takes only
+/// `application/vnd.rossoctl.context`, answers upstream's error codes
+/// (`401 unauthorized`, `409 context_frozen`, `404 not_found`) and
+/// `Cache-Control: no-store`.
+#[utoipa::path(
+    put,
+    path = "/v1/uploads/{grant}",
+    operation_id = "uploadBundleWithGrant",
+    tag = "workloads",
+    params(("grant" = String, Path, description = "Grant id (32 hex, from `upload.url`) or trusted capability id (24 base64url, from `uploadUrl`)")),
+    request_body(
+        description = "The bundle (a gzip-compressed tar), streamed.",
+        content(
+            (BundleBytes = "application/vnd.rossoctl.context"),
+            (BundleBytes = "application/gzip")
+        )
+    ),
+    responses((status = CREATED, description = "The uploaded revision, waiting for activation (a grant), or the Context's new current revision (a capability).", body = GrantUploadAnswer), Errors<GrantUploadErrors>),
+    security(("uploadGrant" = []))
+)]
 async fn upload_by_grant(
     State(svc): State<WorkloadService>,
     ApiPath(grant): ApiPath<String>,
@@ -193,6 +418,43 @@ async fn upload(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
+/// Downloads a revision's bundle.
+///
+/// Scope `workloads:read`. `HEAD` answers the same headers without the
+/// body. Honours `If-None-Match` (`304`) and a single `Range` (`206`), with
+/// `If-Range`.
+#[utoipa::path(
+    get,
+    path = "/v1/workloads/{id}/revisions/{revision}/bundle",
+    operation_id = "downloadBundle",
+    tag = "workloads",
+    params(
+        ("id" = String, Path, description = "Workload name"),
+        ("revision" = String, Path, description = "The revision, as the upload answered it"),
+        Delegation
+    ),
+    responses(
+        (
+            status = OK,
+            description = "The bundle.",
+            body = BundleBytes,
+            content_type = "application/vnd.rossoctl.context",
+            headers(
+                ("ETag" = String, description = "`\"sha256:<digest of the stored bundle>\"`"),
+                ("X-Context-Revision" = String, description = "The revision")
+            )
+        ),
+        (
+            status = PARTIAL_CONTENT,
+            description = "The requested range of the bundle.",
+            body = BundleBytes,
+            content_type = "application/vnd.rossoctl.context"
+        ),
+        (status = NOT_MODIFIED, description = "`If-None-Match` names the bundle's `ETag`."),
+        Errors<DownloadErrors>
+    ),
+    security(("bearer" = []), ("shAuth" = []))
+)]
 async fn download(
     State(svc): State<WorkloadService>,
     principal: Principal,

@@ -57,7 +57,7 @@ pub const ERROR_CODES: &[&str] = &[
 ];
 
 /// How thoroughly a cache hit is checked before it is trusted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Verify {
     /// Every path, entry kind, file mode and file size against the manifest

@@ -2,9 +2,10 @@
 //! client.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// What happened in one sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxOutcome {
     /// The sandbox.
@@ -28,7 +29,7 @@ pub struct SandboxOutcome {
 }
 
 /// The answer to a delivery (`201`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Delivered {
     /// The workload.
@@ -40,7 +41,7 @@ pub struct Delivered {
 }
 
 /// Where a run lives in one sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunPlace {
     /// The sandbox.
@@ -52,7 +53,7 @@ pub struct RunPlace {
 }
 
 /// A live run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunView {
     /// The caller's run id.
@@ -64,14 +65,14 @@ pub struct RunView {
 }
 
 /// The answer to a listing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RunList {
     /// The live runs, by run id.
     pub deliveries: Vec<RunView>,
 }
 
 /// The body of a `502 delivery_failed` answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FailedBody {
     /// Always `delivery_failed`.
     pub error: String,

@@ -5,13 +5,14 @@
 //! client to decode.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::model::{ContextStatus, PoolStatus};
 use super::names;
 use super::quantity;
 
 /// A sandbox pool (`GET /v1/sandbox-pools/{name}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Pool {
     /// Pool name.
@@ -41,7 +42,7 @@ pub struct Pool {
 }
 
 /// The `workspace` object of a pool.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolWorkspace {
     /// Size (`""` for warm pools).
@@ -62,7 +63,7 @@ pub struct PoolWorkspace {
 }
 
 /// One member of a pool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Sandbox {
     /// Sandbox name.
     pub name: String,
@@ -73,7 +74,7 @@ pub struct Sandbox {
 }
 
 /// `GET /v1/sandbox-pools`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct PoolList {
     /// The caller's pools, by name.
     pub items: Vec<Pool>,
@@ -112,7 +113,7 @@ impl From<&PoolStatus> for Pool {
 }
 
 /// A create-pool request body, as `contextctl` sends it (upstream key order).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatePool {
     /// Pool name.
@@ -127,7 +128,7 @@ pub struct CreatePool {
 }
 
 /// The `workspace` of a create-pool request.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateWorkspace {
     /// Size of managed workspaces.
@@ -148,7 +149,7 @@ pub struct CreateWorkspace {
 }
 
 /// A named context resource.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Context {
     /// Context name.
     pub name: String,
@@ -166,7 +167,7 @@ pub struct Context {
 }
 
 /// The `storage` object of a context (also of a create-context request).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ContextStorage {
     /// Always `pvc`.
@@ -182,7 +183,7 @@ pub struct ContextStorage {
 
 /// The `attachment` object of a context: pass `claimName` as a pool's
 /// `workspace.claimName` (in the service namespace).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Attachment {
     /// Always `pvc`; a discriminator for future kinds.
@@ -192,14 +193,14 @@ pub struct Attachment {
 }
 
 /// `GET /v1/namespaces/{ns}/contexts`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ContextList {
     /// The caller's contexts, by name.
     pub items: Vec<Context>,
 }
 
 /// A create-context request body.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct CreateContext {
     /// Context name.
     pub name: String,

@@ -19,6 +19,7 @@
 
 use base64::Engine as _;
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use super::service::{blocking, random_bytes};
 use super::{names, UploadTicket, WorkloadError, WorkloadService};
@@ -167,7 +168,7 @@ fn size_text(bytes: u64) -> String {
 
 /// The trusted view of a Context (upstream's `trustedContext`). It never
 /// shows storage.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TrustedContextView {
     /// The workload incarnation id (upstream: the PVC UID); it changes when
@@ -215,7 +216,7 @@ impl TrustedContextView {
 
 /// An upload capability as handed to Moca (upstream's
 /// `uploadCapabilityResponse`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CapabilityView {
     /// `/v1/uploads/<id>`.
@@ -233,7 +234,7 @@ pub struct CapabilityView {
 }
 
 /// The answer to a capability upload (upstream's upload result).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UploadResultView {
     /// The new current revision (sha256 of the canonical tar).

@@ -4,6 +4,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::store::{RevisionRecord, WorkloadRecord};
 
@@ -11,7 +12,7 @@ use crate::store::{RevisionRecord, WorkloadRecord};
 pub const BUNDLE_MEDIA_TYPE: &str = "application/vnd.rossoctl.context";
 
 /// A workload as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadView {
     /// The name (the id in URLs).
@@ -52,7 +53,7 @@ pub struct WorkloadView {
 }
 
 /// A one-time upload grant as handed to the client.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UploadGrantView {
     /// Root-relative URL to `PUT` the bundle to.
@@ -70,7 +71,7 @@ pub struct UploadGrantView {
 }
 
 /// The answer to an upload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevisionView {
     /// The workload.

@@ -32,6 +32,7 @@ mod dockerfile;
 mod hardening;
 mod hs256_secret;
 mod monitoring;
+mod openapi;
 mod owners;
 mod pools;
 mod quotas;

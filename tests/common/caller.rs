@@ -119,10 +119,13 @@ impl Caller {
 
 /// Sends `req`; a transport failure fails the test (the server is local).
 async fn send(req: RequestBuilder) -> Response {
-    match req.send().await {
+    let resp = match req.send().await {
         Ok(resp) => resp,
         Err(e) => panic!("request failed: {e}"),
-    }
+    };
+    // The answer (recorded before it was sent) is one the document lists.
+    super::answers::check();
+    resp
 }
 
 /// Asserts `status`, that the body is one line of JSON ending in a newline

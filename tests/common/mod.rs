@@ -6,6 +6,7 @@
 //! their process; each uses a part, hence `dead_code` is allowed.
 #![allow(dead_code)]
 
+pub(crate) mod answers;
 mod archive;
 mod caller;
 #[cfg(feature = "e2e")]
@@ -107,6 +108,7 @@ impl TestServer {
         adjust: impl FnOnce(&mut ServeConfig),
         options: BuildOptions,
     ) -> anyhow::Result<Self> {
+        answers::install();
         let listen: SocketAddr = "127.0.0.1:0".parse().expect("addr");
         let mut config = ServeConfig::with_defaults(data_dir.to_owned(), listen);
         // Nothing balances load in front of a test server: stop at once
@@ -201,6 +203,8 @@ impl Drop for TestServer {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+        // Every answer it gave is one the OpenAPI document lists.
+        answers::check();
     }
 }
 
