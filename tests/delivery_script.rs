@@ -888,6 +888,19 @@ fn hostile_file_names(sh: &Shell) {
         let req = request(&sb, SCOPE_A, "wl", run, &b, verify);
         assert_eq!(deliver(sh, &sb, &req, &b.bytes).need(), 0, "{verify:?}");
     }
+    // Without a newline name the batch is hashed in two halves at once, and
+    // the merged lines must equal one sha256sum's, or the full check fails.
+    let plain = bundle(&[
+        ("a b", b"1"),
+        ("c'd", b"2"),
+        ("e", b"3"),
+        ("$f;g", b"4"),
+        ("h/i", b"5"),
+    ]);
+    let cold = request(&sb, SCOPE_A, "wl2", "s1", &plain, Verify::Default);
+    assert!(!deliver(sh, &sb, &cold, &plain.bytes).done().1);
+    let hit = request(&sb, SCOPE_A, "wl2", "s2", &plain, Verify::Full);
+    assert_eq!(deliver(sh, &sb, &hit, &plain.bytes).need(), 0);
     for dir in [sb.dir.path().to_owned(), sb.cache_dir(SCOPE_A, &b)] {
         let found: Vec<String> = names_recursive(&dir)
             .into_iter()
