@@ -11,7 +11,7 @@
 #     deliveries of 8 distinct 256 MiB bundles into 8 sandboxes, against
 #     cache budget + in-flight budget + 128 MiB.
 #
-# Usage: benches/delivery.sh      (SIZES="64 256" ROUNDS=1 CONCURRENT=8)
+# Usage: benches/delivery.sh      (SIZES="64 256" ROUNDS=1 CONCURRENT=8 BIN_DIR=)
 # Release builds of the service and contextctl; brings tests/k8s/testenv.sh
 # up when needed and stops it at the end only if it started it. Everything
 # listens on 127.0.0.1; the work dir and the bench namespace are removed at
@@ -41,9 +41,15 @@ for tool in curl jq; do
   command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
 done
 
-echo "building release binaries..." >&2
-cargo build --release --quiet --bin context-service --bin contextctl
-TARGET="${CARGO_TARGET_DIR:-target}/release"
+# BIN_DIR: prebuilt context-service and contextctl (e.g. another commit's,
+# for a before/after run) instead of building this checkout's.
+if [ -n "${BIN_DIR:-}" ]; then
+  TARGET="$BIN_DIR"
+else
+  echo "building release binaries..." >&2
+  cargo build --release --quiet --bin context-service --bin contextctl
+  TARGET="${CARGO_TARGET_DIR:-target}/release"
+fi
 SERVICE="$TARGET/context-service"
 CTL="$TARGET/contextctl"
 

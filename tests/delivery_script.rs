@@ -34,6 +34,7 @@ const SANDBOX_UID: u32 = 1001;
 const TOOLS: &[&str] = &[
     "sh",
     "head",
+    "tee",
     "sha256sum",
     "gzip",
     "tar",
@@ -505,6 +506,7 @@ both_shells!(
     lifecycle,
     retention_keeps_the_newest,
     corrupted_transfer_is_refused,
+    garbage_and_bombs_are_digest_mismatches,
     short_transfer_is_refused,
     inconsistent_records_are_refused,
     tampered_cache_is_delivered_again,
@@ -662,6 +664,40 @@ fn corrupted_transfer_is_refused(sh: &Shell) {
     assert!(fs::symlink_metadata(req.view_path()).is_err(), "no view");
     sb.assert_no_staging();
     // The next, intact transfer succeeds.
+    assert!(!deliver(sh, &sb, &req, &b.bytes).done().1);
+}
+
+/// gzip inflates the bytes while they arrive, before their digest is
+/// known. Bytes it rejects at once, or a bomb that inflates past the cap,
+/// stop it early; the rest is still received (drained), so the verdict is
+/// the digest's, not a short transfer, and nothing is left behind.
+fn garbage_and_bombs_are_digest_mismatches(sh: &Shell) {
+    use flate2::{write::GzEncoder, Compression};
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", &noise(200_000, 3))]);
+    let n = b.bytes.len();
+    let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
+    let garbage = vec![0xffu8; n];
+    let mut bomb = GzEncoder::new(Vec::new(), Compression::best());
+    bomb.write_all(&vec![0u8; 64 << 20]).unwrap();
+    let mut bomb = bomb.finish().unwrap();
+    assert!(bomb.len() < n, "the bomb fits in the bundle's size");
+    bomb.resize(n, 0);
+    for (what, payload) in [("garbage", garbage), ("bomb", bomb)] {
+        let run = deliver(sh, &sb, &req, &payload);
+        assert_eq!(run.need(), b.report.bundle_bytes, "{what}");
+        assert_eq!(
+            run.error(),
+            (
+                "digest_mismatch".into(),
+                "sha256 of the received bytes is not the bundle digest".into()
+            ),
+            "{what}: {}",
+            run.stderr
+        );
+        assert!(sb.cache_entries().is_empty(), "{what}: nothing published");
+        sb.assert_no_staging();
+    }
     assert!(!deliver(sh, &sb, &req, &b.bytes).done().1);
 }
 
@@ -852,6 +888,19 @@ fn hostile_file_names(sh: &Shell) {
         let req = request(&sb, SCOPE_A, "wl", run, &b, verify);
         assert_eq!(deliver(sh, &sb, &req, &b.bytes).need(), 0, "{verify:?}");
     }
+    // Without a newline name the batch is hashed in two halves at once, and
+    // the merged lines must equal one sha256sum's, or the full check fails.
+    let plain = bundle(&[
+        ("a b", b"1"),
+        ("c'd", b"2"),
+        ("e", b"3"),
+        ("$f;g", b"4"),
+        ("h/i", b"5"),
+    ]);
+    let cold = request(&sb, SCOPE_A, "wl2", "s1", &plain, Verify::Default);
+    assert!(!deliver(sh, &sb, &cold, &plain.bytes).done().1);
+    let hit = request(&sb, SCOPE_A, "wl2", "s2", &plain, Verify::Full);
+    assert_eq!(deliver(sh, &sb, &hit, &plain.bytes).need(), 0);
     for dir in [sb.dir.path().to_owned(), sb.cache_dir(SCOPE_A, &b)] {
         let found: Vec<String> = names_recursive(&dir)
             .into_iter()

@@ -187,7 +187,8 @@ async fn through_frames(
     Ok(data.len() as f64 / elapsed.as_secs_f64() / 1e6)
 }
 
-/// Prints stdin throughput of `pods/exec` (kube-rs's 4 KiB stdin messages
+/// Prints stdin throughput of `pods/exec`: [`KubeExec`] (up to 1 MiB stdin
+/// messages), and bare WebSockets sending 4 KiB (kube-rs's `AttachedProcess`)
 /// against larger ones). Ignored: a measurement, not a check.
 /// `cargo test --release --features e2e --test k8s_delivery_e2e -- --ignored --nocapture exec_stdin_throughput`
 #[tokio::test]
@@ -199,7 +200,7 @@ async fn exec_stdin_throughput() {
         println!("64 MiB of stdin into `head -c N | sha256sum`, MB/s (3 runs)");
         for round in 0..3 {
             let attached = through_attached(&kube, &ns, "rate", &data).await?;
-            let mut row = format!("run {round}: kube-rs AttachedProcess {attached:.0}");
+            let mut row = format!("run {round}: KubeExec {attached:.0}");
             for frame in [4 << 10, 64 << 10, 1 << 20] {
                 let rate = through_frames(&kube, &ns, "rate", &data, frame).await?;
                 row.push_str(&format!(", {} KiB messages {rate:.0}", frame >> 10));

@@ -75,7 +75,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'fail interrupted "delivery interrupted by a signal"' HUP INT TERM
 
-for tool in head sha256sum gzip tar flock mkdir mv rm chmod stat ln; do
+for tool in head tee sha256sum gzip tar flock mkdir mv rm chmod stat ln; do
 	command -v "$tool" >/dev/null 2>&1 || fail missing_tool "$tool not found on PATH"
 done
 
@@ -109,10 +109,19 @@ flock 9 || fail lock_failed "cannot lock $root/.lock"
 # file; `content`: kinds and names, and the sha256 of every file. Names are
 # length-prefixed so no name can mimic another line. File arguments are
 # collected single-quoted in $acc and handed to one stat/sha256sum call per
-# ~32 KiB of names, not one process per file.
+# ~32 KiB of names, not one process per file. A new tree gets both in one
+# walk (`both`: the layout on stdout, the content on fd 4).
 
 acc=
 count=0
+# A `both` scan also deals each batch's files alternately into two halves,
+# hashed at the same time; a name with a newline turns that off for its batch.
+acc_a=
+acc_b=
+odd=
+multiline=
+nl='
+'
 
 quote_append() {
 	_rest=$1
@@ -126,19 +135,69 @@ quote_append() {
 		*) break ;;
 		esac
 	done
-	acc="$acc '$_out$_rest'"
+	_q=" '$_out$_rest'"
+	acc="$acc$_q"
+	if [ "$scan_mode" = both ]; then
+		if [ -n "$odd" ]; then
+			acc_b="$acc_b$_q"
+			odd=
+		else
+			acc_a="$acc_a$_q"
+			odd=1
+		fi
+		case $1 in
+		*"$nl"*) multiline=1 ;;
+		esac
+	fi
+}
+
+# hash_halves: the batch's sha256sum lines on fd 4, in order. Every other
+# file is hashed by a second sha256sum at the same time (two cores) and the
+# two outputs are merged line by line. That needs one line per file: busybox
+# does not escape a newline in a name, so such a batch is hashed by one.
+hash_halves() {
+	if [ -z "$acc_b" ] || [ -n "$multiline" ]; then
+		eval "sha256sum -- $acc" >&4
+		return
+	fi
+	eval "sha256sum -- $acc_b" >"$scratch/hash.b" 4>&- &
+	_pid=$!
+	eval "sha256sum -- $acc_a" >"$scratch/hash.a" 4>&-
+	_sa=$?
+	wait "$_pid" && [ "$_sa" = 0 ] || return 1
+	{
+		while IFS= read -r _l <&6; do
+			printf '%s\n' "$_l"
+			if IFS= read -r _l <&7; then
+				printf '%s\n' "$_l"
+			fi
+		done
+	} 6<"$scratch/hash.a" 7<"$scratch/hash.b" >&4
 }
 
 flush() {
 	[ -n "$acc" ] || return 0
-	if [ "$scan_mode" = content ]; then
-		eval "sha256sum -- $acc"
-	else
-		eval "stat -c '%f %s' -- $acc"
-	fi
+	case $scan_mode in
+	content) eval "sha256sum -- $acc" ;;
+	layout) eval "stat -c '%f %s' -- $acc" ;;
+	*) eval "stat -c '%f %s' -- $acc" && hash_halves ;;
+	esac
 	_status=$?
 	acc=
+	acc_a=
+	acc_b=
+	odd=
+	multiline=
 	return $_status
+}
+
+# entry KIND NAME: one entry's line, in both streams of a `both` scan.
+entry() {
+	count=$((count + 1))
+	printf '%s %s:%s\n' "$1" "${#2}" "$2"
+	if [ "$scan_mode" = both ]; then
+		printf '%s %s:%s\n' "$1" "${#2}" "$2" >&4
+	fi
 }
 
 # walk PREFIX: entries under PREFIX ("" or "dir/"), depth first, byte order.
@@ -146,15 +205,12 @@ flush() {
 walk() {
 	for _e in "$1"* "$1".[!.]* "$1"..?*; do
 		if [ -L "$_e" ]; then
-			count=$((count + 1))
-			printf 'l %s:%s\n' "${#_e}" "$_e"
+			entry l "$_e"
 		elif [ -d "$_e" ]; then
-			count=$((count + 1))
-			printf 'd %s:%s\n' "${#_e}" "$_e"
+			entry d "$_e"
 			walk "$_e/" || return 1
 		elif [ -e "$_e" ]; then
-			count=$((count + 1))
-			printf 'f %s:%s\n' "${#_e}" "$_e"
+			entry f "$_e"
 			quote_append "$_e"
 			if [ ${#acc} -ge 32768 ]; then
 				flush || return 1
@@ -174,6 +230,26 @@ scan() {
 				printf '%s\n' "$count" >"$3" || exit 1
 			fi
 		) 9>&- | sha256sum
+	) || return 1
+	printf '%s\n' "${_sum%% *}"
+}
+
+# scan_both DIR COUNT-FILE CONTENT-FILE SCRATCH-DIR: one walk for both
+# manifests of a new tree; prints the layout's sha256 and leaves the
+# content's sha256 (with the file name sha256sum adds) in CONTENT-FILE.
+# COUNT-FILE is written only when the walk succeeded; SCRATCH-DIR (absolute)
+# holds the hash halves.
+scan_both() {
+	_sum=$(
+		{
+			(
+				cd "$1" || exit 1
+				scan_mode=both
+				scratch=$4
+				walk "" && flush || exit 1
+				printf '%s\n' "$count" >"$2" || exit 1
+			) 4>&1 >&5 | sha256sum >"$3"
+		} 5>&1 9>&- | sha256sum
 	) || return 1
 	printf '%s\n' "${_sum%% *}"
 }
@@ -240,28 +316,54 @@ else
 	staging=$root/cache/.staging.$$
 	mkdir "$staging" "$staging/tree" || fail write_failed "cannot create the staging dir"
 
-	# Exactly $size bytes: the exec's stdin is never closed, so never read to EOF.
-	err=$(head -c "$size" <&3 2>&1 >"$staging/bundle.gz" 3<&- 9>&-) ||
-		fail_io "$err" "receiving the bundle"
+	# Receiving, hashing and inflating overlap. Exactly $size bytes: the
+	# exec's stdin is never closed, so never read to EOF. `tee` keeps the
+	# bytes and feeds gzip as they arrive; once all are on disk they are
+	# hashed while gzip is still inflating, and the tar is hashed as it is
+	# written. Inflating bytes not yet verified is safe: gzip is made to
+	# parse hostile input, and its output stops at the cap; `tar` reads
+	# nothing before both digests matched, below. When gzip stops early (bad
+	# bytes, the cap reached) the rest is drained, so every byte is still
+	# received and the checks below, in order, say what was wrong. sh has no
+	# pipefail: the stages that can fail leave their status in a file.
+	s=$staging
+	err=$(
+		{
+			{
+				head -c "$size" <&3 | tee "$s/bundle.gz"
+				printf '%s\n' $? >"$s/received"
+				sha256sum <"$s/bundle.gz" >"$s/bundle.gz.sum"
+			} | {
+				gzip -dc
+				head -c "$size" >/dev/null
+			} | head -c "$inflated_cap" | {
+				tee "$s/bundle.tar"
+				printf '%s\n' $? >"$s/inflated"
+			} | sha256sum >"$s/bundle.tar.sum"
+		} 2>&1 9>&-
+	)
 	exec 3<&-
-	got=$(stat -c %s "$staging/bundle.gz") || fail write_failed "cannot stat the received bundle"
+	read -r st <"$s/received" && [ "$st" = 0 ] ||
+		fail_io "$err" "receiving the bundle"
+	got=$(stat -c %s "$s/bundle.gz") || fail write_failed "cannot stat the received bundle"
 	[ "$got" = "$size" ] || fail short_transfer "received $got of $size bundle bytes"
-	sum=$(sha256sum <"$staging/bundle.gz" 9>&-) || fail write_failed "cannot hash the received bundle"
-	[ "${sum%% *}" = "$digest" ] ||
+	read -r sum _ <"$s/bundle.gz.sum" || fail write_failed "cannot hash the received bundle"
+	[ "$sum" = "$digest" ] ||
 		fail digest_mismatch "sha256 of the received bytes is not the bundle digest"
+	rm -f "$s/bundle.gz" "$s/bundle.gz.sum" "$s/received"
 
-	# Never inflate past the recorded size (+1 byte, to notice an overrun).
-	err=$({ gzip -dc <"$staging/bundle.gz" | head -c "$inflated_cap" >"$staging/bundle.tar"; } 2>&1 9>&-) ||
-		fail_io "$err" "inflating the bundle"
-	rm -f "$staging/bundle.gz"
-	got=$(stat -c %s "$staging/bundle.tar") || fail write_failed "cannot stat the inflated bundle"
+	# Never inflated past the recorded size (+1 byte, to notice an overrun).
+	got=$(stat -c %s "$s/bundle.tar") || fail write_failed "cannot stat the inflated bundle"
 	[ "$got" -le "$inflated" ] ||
 		fail too_large "the bundle inflates to more than the recorded $inflated bytes"
+	read -r st <"$s/inflated" && [ "$st" = 0 ] ||
+		fail_io "$err" "inflating the bundle"
 	# The end-to-end pin: tar only ever parses the exact canonical archive,
 	# whose entries and sizes the service counted at upload.
-	sum=$(sha256sum <"$staging/bundle.tar" 9>&-) || fail write_failed "cannot hash the inflated bundle"
-	[ "${sum%% *}" = "$rev" ] ||
+	read -r sum _ <"$s/bundle.tar.sum" || fail write_failed "cannot hash the inflated bundle"
+	[ "$sum" = "$rev" ] ||
 		fail revision_mismatch "sha256 of the inflated bundle is not the revision"
+	rm -f "$s/bundle.tar.sum" "$s/inflated"
 
 	# GNU tar knows the long options; busybox spells no-same-owner `-o`.
 	case $(tar --version 2>/dev/null) in
@@ -274,15 +376,15 @@ else
 
 	# Read-only first: the manifest records the modes the runs will see.
 	chmod -R a-w "$staging/tree" || fail write_failed "cannot make the tree read-only"
-	lay=$(scan layout "$staging/tree" "$staging/count") ||
+	lay=$(scan_both "$staging/tree" "$staging/count" "$staging/content.sum" "$staging") ||
 		fail write_failed "cannot record the manifest"
 	read -r n <"$staging/count" || fail write_failed "cannot record the manifest"
-	rm -f "$staging/count"
+	read -r con _ <"$staging/content.sum" || fail write_failed "cannot record the manifest"
+	rm -f "$staging/count" "$staging/content.sum" "$staging/hash.a" "$staging/hash.b"
 	[ "$n" -le "$entries" ] ||
 		fail too_many_entries "the bundle has $n entries, more than the recorded $entries"
 	[ "$n" -eq "$entries" ] ||
 		fail extract_failed "extracted $n of $entries entries"
-	con=$(scan content "$staging/tree") || fail write_failed "cannot record the manifest"
 	err=$({ printf '%s\n' "$lay" >"$staging/layout" && printf '%s\n' "$con" >"$staging/content"; } 2>&1) ||
 		fail_io "$err" "writing the manifest"
 	chmod a-w "$staging" "$staging/layout" "$staging/content" ||

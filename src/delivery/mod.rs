@@ -63,8 +63,12 @@
 //! received byte count, since POSIX sh cannot learn a file's size without
 //! reading it; `-f -c '%a %S'`: free space, for the early `disk_full` and
 //! because busybox may report a full disk only as "I/O error") and `ln`
-//! (`-s`: the run's view). The deliver script
-//! checks for all of them first and fails with `missing_tool`. GNU `tar`
+//! (`-s`: the run's view), and `tee` (in both too): it keeps the received
+//! bytes while feeding them to `gzip`, and the tar while feeding it to
+//! `sha256sum`, so receiving, both hashes and the inflate overlap instead
+//! of each re-reading a file (the inflate of bytes not yet verified is
+//! bounded by the cap; `tar` still waits for both digests). The deliver
+//! script checks for all of them first and fails with `missing_tool`. GNU `tar`
 //! is detected at run time (`--no-same-owner --no-same-permissions`); any
 //! other `tar` (busybox) gets `-o --no-same-permissions`.
 //!

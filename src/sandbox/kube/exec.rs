@@ -1,36 +1,49 @@
-//! Exec into sandbox pods through the Kubernetes API (`pods/exec` over a
-//! WebSocket, kube-rs [`Api::exec`]): the `kube` side of the delivery exec
-//! port.
+//! Exec into sandbox pods through the Kubernetes API: the `kube` side of the
+//! delivery exec port.
 //!
-//! One exec runs one command with stdin, stdout and stderr attached. The
-//! caller writes stdin and reads stdout concurrently; stderr is drained here
-//! (a stalled stderr would stall the whole stream) and only logged. The exit
-//! status comes from the status channel: a real kubelet reports a non-zero
-//! exit as reason `NonZeroExitCode` with an `ExitCode` cause, kwok only as
-//! `… exit status N` in the message; both are understood.
+//! One exec runs one command with stdin, stdout and stderr attached, over a
+//! `pods/exec` WebSocket opened with [`Client::connect`] (subprotocol
+//! `v5.channel.k8s.io`, falling back to `v4.channel.k8s.io`). The channel
+//! framing is done here rather than by kube-rs's `AttachedProcess`, which
+//! sends stdin in 4 KiB messages: every message costs a flush, a TLS record
+//! and a round through the API server's proxy, so bundles go out in messages
+//! of up to [`STDIN_FRAME`] bytes instead.
+//!
+//! Every message is one channel byte and its payload: `0` stdin, `1` stdout,
+//! `2` stderr, `3` the exit status (a JSON `Status`), and in v5 only `255`
+//! "this channel is closed" with the channel as payload. The caller writes
+//! stdin and reads stdout concurrently; stderr is kept here (its tail, for
+//! the log). A real kubelet reports a non-zero exit as reason
+//! `NonZeroExitCode` with an `ExitCode` cause, kwok only as `… exit status N`
+//! in the message; both are understood.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
-use futures::FutureExt;
+use futures::stream::{SplitSink, SplitStream};
+use futures::{FutureExt, SinkExt, StreamExt};
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::AttachParams;
-use kube::{Api, Client};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::sync::oneshot;
+use kube::{Api, Client, Resource};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::task::JoinHandle;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{ExecError, ExecSession, ExecTarget, SandboxExec};
 
+/// Largest stdin payload of one WebSocket message (the issue's "~1 MiB
+/// frames"); smaller when the caller has written less so far.
+pub const STDIN_FRAME: usize = 1 << 20;
+
 /// Size of the stdin pipe between the caller and the WebSocket task: the
-/// caller's writes complete as soon as they fit, so one delivery buffer of
-/// about this size is in flight per exec.
+/// caller's writes complete as soon as they fit, so about this much plus
+/// one frame is in flight per exec.
 pub const STDIN_BUFFER: usize = 1 << 20;
 
 /// Size of the stdout pipe; the scripts print a few short lines.
@@ -39,9 +52,22 @@ const STDOUT_BUFFER: usize = 64 << 10;
 /// How much of stderr is kept for the log (the end: errors come last).
 const STDERR_KEEP: usize = 4 << 10;
 
-/// How long the end of an exec waits for the stderr drain after the status
-/// arrived (the stream is closed by then, so this is a safety net).
-const STDERR_GRACE: Duration = Duration::from_secs(5);
+/// Keeps an otherwise quiet connection (a long scan after the bundle was
+/// received) alive through proxies with idle timeouts.
+const PING_EVERY: Duration = Duration::from_secs(60);
+
+/// How long the end of an exec waits to send its close frame.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Channel ids of the `channel.k8s.io` subprotocols.
+const STDIN: u8 = 0;
+const STDOUT: u8 = 1;
+const STDERR: u8 = 2;
+const STATUS: u8 = 3;
+/// v5 only: the channel in the payload is closed (sent for stdin at EOF).
+const CLOSE: u8 = 255;
+
+type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
 /// Why an exec could not be started or did not report an exit status.
 #[derive(Debug, thiserror::Error)]
@@ -151,165 +177,198 @@ impl KubeExec {
             .container(container)
             .stdin(true)
             .stdout(true)
-            .stderr(true)
-            .max_stdin_buf_size(STDIN_BUFFER)
-            .max_stdout_buf_size(STDOUT_BUFFER)
-            .max_stderr_buf_size(STDERR_KEEP);
-        let mut process = self
-            .pods()
-            .exec(pod, argv.to_vec(), &params)
-            .await
-            .map_err(|source| match &source {
-                kube::Error::Api(status) if status.code == 404 => {
-                    KubeExecError::PodNotFound(pod.to_string())
-                }
-                _ => KubeExecError::Api {
-                    context: format!("exec into pod {pod}"),
-                    source,
-                },
-            })?;
-        let missing = || KubeExecError::Failed("exec stream without stdio".to_string());
-        let stdin = process.stdin().ok_or_else(missing)?;
-        let stdout = process.stdout().ok_or_else(missing)?;
-        let stderr = process.stderr().ok_or_else(missing)?;
-        let status = process.take_status().ok_or_else(missing)?;
-        // Fires when kube-rs's stream task has finished (or was aborted).
-        let ended = CancellationToken::new();
-        // Drained from the start: a full stderr pipe would block the task
-        // that also carries stdout and the status.
-        let stderr = tokio::spawn(drain_tail(
-            EndsWith::new(stderr, ended.clone()),
-            STDERR_KEEP,
-        ));
-        let (outcome_tx, outcome_rx) = oneshot::channel();
-        let pod = pod.to_string();
-        let supervisor = tokio::spawn({
-            let ended = ended.clone();
-            async move {
-                let ended = ended.drop_guard();
-                let status = status.await;
-                let joined = process.join().await;
-                drop(ended);
-                let stderr = tokio::time::timeout(STDERR_GRACE, stderr)
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .unwrap_or_default();
-                let outcome = match status {
-                    Some(status) => exit_code(&status),
-                    None => Err(joined
-                        .err()
-                        .map_or(KubeExecError::NoStatus, |e| KubeExecError::Stream(e.into()))),
-                };
-                if !stderr.is_empty() {
-                    let stderr = String::from_utf8_lossy(&stderr);
-                    match &outcome {
-                        Ok(0) => tracing::debug!(%pod, %stderr, "exec stderr"),
-                        _ => tracing::warn!(%pod, %stderr, "exec stderr"),
-                    }
-                }
-                let _ = outcome_tx.send(outcome);
+            .stderr(true);
+        let api_error = |source: kube::Error| match &source {
+            kube::Error::Api(status) if status.code == 404 => {
+                KubeExecError::PodNotFound(pod.to_string())
             }
+            _ => KubeExecError::Api {
+                context: format!("exec into pod {pod}"),
+                source,
+            },
+        };
+        let request = kube::core::Request::new(Pod::url_path(&(), Some(&self.namespace)))
+            .exec(pod, argv, &params)
+            .map_err(|e| api_error(kube::Error::BuildRequest(e)))?;
+        let connection = self.client.connect(request).await.map_err(api_error)?;
+        let v5 = connection.supports_stream_close();
+        let (stdin, stdin_pump) = tokio::io::duplex(STDIN_BUFFER);
+        let (stdout, stdout_pump) = tokio::io::duplex(STDOUT_BUFFER);
+        let pod = pod.to_string();
+        // The pump owns the far ends of both pipes: when it ends (status,
+        // broken stream, abort), the caller's stdout reads EOF and its
+        // stdin writes fail instead of waiting for a reader that is gone.
+        let pump = tokio::spawn(async move {
+            let (status, stderr) =
+                pump(connection.into_stream(), v5, stdin_pump, stdout_pump).await;
+            let outcome = status.and_then(|status| exit_code(&status));
+            if !stderr.is_empty() {
+                let stderr = String::from_utf8_lossy(&stderr);
+                match &outcome {
+                    Ok(0) => tracing::debug!(%pod, %stderr, "exec stderr"),
+                    _ => tracing::warn!(%pod, %stderr, "exec stderr"),
+                }
+            }
+            outcome
         });
         // Dropping `done` before the end aborts the exec (and its stream).
-        let abort = AbortOnDrop(supervisor);
-        let done = async move {
-            let _abort = abort;
-            outcome_rx.await.unwrap_or(Err(KubeExecError::NoStatus))
-        }
-        .boxed();
+        let mut pump = AbortOnDrop(pump);
+        let done =
+            async move { (&mut pump.0).await.unwrap_or(Err(KubeExecError::NoStatus)) }.boxed();
         Ok(KubeExecSession {
-            stdin: Box::new(EndsWith::new(stdin, ended.clone())),
-            stdout: Box::new(EndsWith::new(stdout, ended)),
+            stdin: Box::new(stdin),
+            stdout: Box::new(stdout),
             done,
         })
     }
 }
 
 /// Aborts a task when dropped.
-struct AbortOnDrop(JoinHandle<()>);
+struct AbortOnDrop<T>(JoinHandle<T>);
 
-impl Drop for AbortOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
 }
 
-/// One of kube-rs's stdio pipes, made to end with the exec: its halves see
-/// neither EOF nor a broken pipe when the stream task fails, so once `ended`
-/// fires, an empty stdout reads as EOF and a full stdin fails to write.
-struct EndsWith<T> {
-    inner: T,
-    ended: Pin<Box<WaitForCancellationFutureOwned>>,
-    is_ended: bool,
+/// Runs one exec's stream to its end: stdin out, stdout and stderr in,
+/// until the status arrives or the stream ends. Returns the status and the
+/// tail of stderr.
+async fn pump(
+    socket: Socket,
+    v5: bool,
+    stdin: DuplexStream,
+    stdout: DuplexStream,
+) -> (Result<Status, KubeExecError>, Vec<u8>) {
+    let (sink, stream) = socket.split();
+    let stop = CancellationToken::new();
+    // Sending and receiving run side by side: a send that waits on a
+    // server that stopped reading must not keep its status from us.
+    let send = send_stdin(sink, stdin, v5, stop.clone());
+    let receive = receive(stream, stdout);
+    tokio::pin!(send, receive);
+    let mut sent = None;
+    let (status, stderr) = loop {
+        tokio::select! {
+            received = &mut receive => break received,
+            result = &mut send, if sent.is_none() => sent = Some(result),
+        }
+    };
+    stop.cancel();
+    if sent.is_none() {
+        sent = tokio::time::timeout(CLOSE_GRACE, &mut send).await.ok();
+    }
+    let status = match (status, sent) {
+        // A stream that ended without a status broke on the way out, if
+        // that is what happened.
+        (Err(KubeExecError::NoStatus), Some(Err(error))) => {
+            Err(KubeExecError::Stream(Box::new(error)))
+        }
+        (status, _) => status,
+    };
+    (status, stderr)
 }
 
-impl<T> EndsWith<T> {
-    fn new(inner: T, ended: CancellationToken) -> Self {
-        Self {
-            inner,
-            ended: Box::pin(ended.cancelled_owned()),
-            is_ended: false,
+/// Sends stdin in messages of up to [`STDIN_FRAME`] bytes, and a ping now
+/// and then, until `stop`; then closes the socket. At stdin's EOF a v5
+/// stream is told that stdin is closed; v4 cannot say so, and closing the
+/// socket would lose the status, so it is left open (the scripts never
+/// wait for EOF).
+async fn send_stdin(
+    mut sink: SplitSink<Socket, Message>,
+    mut stdin: DuplexStream,
+    v5: bool,
+    stop: CancellationToken,
+) -> Result<(), tungstenite::Error> {
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut open = true;
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => {
+                let _ = sink.close().await;
+                return Ok(());
+            }
+            _ = ping.tick() => sink.send(Message::Ping(Bytes::new())).await?,
+            frame = read_frame(&mut stdin), if open => match frame {
+                Some(frame) => sink.send(Message::Binary(frame)).await?,
+                None => {
+                    open = false;
+                    if v5 {
+                        sink.send(Message::binary(vec![CLOSE, STDIN])).await?;
+                    }
+                }
+            },
         }
-    }
-
-    /// Whether the exec has ended (registers for a wake-up if not).
-    fn poll_ended(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.is_ended && self.ended.as_mut().poll(cx).is_ready() {
-            self.is_ended = true;
-        }
-        self.is_ended
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for EndsWith<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let ended = this.poll_ended(cx);
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            // Nothing buffered and nothing will come: EOF.
-            Poll::Pending if ended => Poll::Ready(Ok(())),
-            other => other,
+/// The next stdin message: the channel byte and what the caller has
+/// written so far, up to [`STDIN_FRAME`] bytes; `None` at EOF. Waits only
+/// for the first bytes, so a short write still goes out at once.
+/// Cancel-safe: nothing is consumed before the one await completes.
+async fn read_frame(stdin: &mut DuplexStream) -> Option<Bytes> {
+    let mut frame = vec![0u8; STDIN_FRAME + 1];
+    frame[0] = STDIN;
+    let mut filled = 1;
+    match stdin.read(&mut frame[filled..]).await {
+        Ok(0) | Err(_) => return None,
+        Ok(n) => filled += n,
+    }
+    while filled < frame.len() {
+        match stdin.read(&mut frame[filled..]).now_or_never() {
+            Some(Ok(n)) if n > 0 => filled += n,
+            _ => break,
         }
     }
+    frame.truncate(filled);
+    Some(Bytes::from(frame))
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for EndsWith<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        if this.poll_ended(cx) {
-            return Poll::Ready(Err(exec_ended()));
+/// Receives until the status (or the end of the stream): stdout into the
+/// caller's pipe, the last [`STDERR_KEEP`] bytes of stderr into the result.
+async fn receive(
+    mut stream: SplitStream<Socket>,
+    mut stdout: DuplexStream,
+) -> (Result<Status, KubeExecError>, Vec<u8>) {
+    let mut stderr = Vec::new();
+    let mut stdout_open = true;
+    let status = loop {
+        let bin = match stream.next().await {
+            None => break Err(KubeExecError::NoStatus),
+            Some(Err(error)) => break Err(KubeExecError::Stream(Box::new(error))),
+            Some(Ok(Message::Binary(bin))) => bin,
+            // Close, ping and pong frames are tungstenite's business.
+            Some(Ok(_)) => continue,
+        };
+        // Every channel starts with a message of just its id.
+        let Some((&channel, payload)) = bin.split_first() else {
+            continue;
+        };
+        if payload.is_empty() {
+            continue;
         }
-        Pin::new(&mut this.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if this.poll_ended(cx) {
-            return Poll::Ready(Ok(()));
+        match channel {
+            STDOUT if stdout_open => {
+                // A caller that dropped stdout no longer wants it.
+                stdout_open = stdout.write_all(payload).await.is_ok();
+            }
+            STDERR => {
+                stderr.extend_from_slice(payload);
+                if stderr.len() > STDERR_KEEP {
+                    stderr.drain(..stderr.len() - STDERR_KEEP);
+                }
+            }
+            STATUS => {
+                break serde_json::from_slice::<Status>(payload)
+                    .map_err(|error| KubeExecError::Stream(Box::new(error)));
+            }
+            _ => {}
         }
-        Pin::new(&mut this.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if this.poll_ended(cx) {
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_shutdown(cx)
-    }
-}
-
-fn exec_ended() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the exec has ended")
+    };
+    (status, stderr)
 }
 
 #[async_trait::async_trait]
@@ -334,23 +393,6 @@ impl SandboxExec for KubeExec {
             stdout: session.stdout,
             done,
         })
-    }
-}
-
-/// Reads `reader` to its end and keeps the last `keep` bytes.
-async fn drain_tail(mut reader: impl AsyncRead + Unpin, keep: usize) -> Vec<u8> {
-    let mut tail = Vec::with_capacity(keep);
-    let mut buf = vec![0u8; 4096];
-    loop {
-        match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => return tail,
-            Ok(n) => {
-                tail.extend_from_slice(&buf[..n]);
-                if tail.len() > keep {
-                    tail.drain(..tail.len() - keep);
-                }
-            }
-        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! [`KubeExec`] against a fake `pods/exec` endpoint: a real WebSocket server
-//! on 127.0.0.1 speaking `v5.channel.k8s.io` (kube-rs needs a real HTTP
-//! upgrade), and a `tower-test` mock for the pod reads.
+//! on 127.0.0.1 speaking `v5.channel.k8s.io` or `v4.channel.k8s.io` (kube's
+//! `connect` needs a real HTTP upgrade), and a `tower-test` mock for the pod
+//! reads.
 
 use std::sync::{Arc, Mutex};
 
@@ -19,9 +20,11 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 use tower_test::mock;
 
-use super::{exit_code, KubeExec, KubeExecError, STDIN_BUFFER};
+use super::{exit_code, KubeExec, KubeExecError, STDIN_BUFFER, STDIN_FRAME};
 
 const NS: &str = "sandboxes";
+const V5: &str = "v5.channel.k8s.io";
+const V4: &str = "v4.channel.k8s.io";
 
 type Ws = WebSocketStream<TcpStream>;
 type Script = Arc<dyn Fn(Ws, Seen) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -48,6 +51,15 @@ impl Seen {
 /// Serves every connection with `script`; answers `404` with a `Status`
 /// body when `missing` is the pod in the path.
 async fn fake_endpoint(missing: Option<&'static str>, script: Script) -> (Client, Seen) {
+    fake_endpoint_speaking(V5, missing, script).await
+}
+
+/// [`fake_endpoint`] answering with subprotocol `protocol`.
+async fn fake_endpoint_speaking(
+    protocol: &'static str,
+    missing: Option<&'static str>,
+    script: Script,
+) -> (Client, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let seen = Seen::default();
@@ -80,7 +92,7 @@ async fn fake_endpoint(missing: Option<&'static str>, script: Script) -> (Client
                     }
                     response.headers_mut().insert(
                         http::header::SEC_WEBSOCKET_PROTOCOL,
-                        http::HeaderValue::from_static("v5.channel.k8s.io"),
+                        http::HeaderValue::from_static(protocol),
                     );
                     Ok(response)
                 };
@@ -201,9 +213,166 @@ async fn streams_stdin_and_stdout_and_reads_kwoks_exit_status() {
     ] {
         assert!(uri.contains(part), "{part} missing in {uri}");
     }
+    // Written at once, the bundle goes out in full 1 MiB messages (kube-rs's
+    // AttachedProcess sent 4 KiB ones), then the rest.
     let frames = seen.frames();
     assert_eq!(frames.iter().sum::<usize>(), N);
-    assert!(frames.iter().all(|&size| size > 0));
+    assert_eq!(
+        frames,
+        [STDIN_FRAME, STDIN_FRAME, STDIN_FRAME, N - 3 * STDIN_FRAME],
+        "stdin message sizes"
+    );
+}
+
+#[tokio::test]
+async fn a_short_write_goes_out_at_once() {
+    let script: Script = Arc::new(|mut ws, seen| {
+        async move {
+            let data = read_stdin(&mut ws, &seen, 5).await;
+            send(&mut ws, 1, &data).await;
+            let data = read_stdin(&mut ws, &seen, 3).await;
+            send(&mut ws, 1, &data).await;
+            send(&mut ws, 3, &kwok_status(0)).await;
+        }
+        .boxed()
+    });
+    let (client, seen) = fake_endpoint(None, script).await;
+    let exec = KubeExec::new(client, NS, Some("work".into()));
+    let mut session = exec.start("box-0", &run(&["cat"])).await.expect("start");
+    let mut echo = [0u8; 5];
+    // Neither write fills a frame, and nothing is flushed or closed: each
+    // must still reach the command before the next is made.
+    session.stdin.write_all(b"hello").await.expect("write");
+    session.stdout.read_exact(&mut echo).await.expect("echo");
+    assert_eq!(&echo, b"hello");
+    session.stdin.write_all(b"abc").await.expect("write");
+    session
+        .stdout
+        .read_exact(&mut echo[..3])
+        .await
+        .expect("echo");
+    assert_eq!(&echo[..3], b"abc");
+    assert_eq!(session.done.await.expect("exit"), 0);
+    assert_eq!(seen.frames(), [5, 3]);
+}
+
+/// Writes `hello`, closes stdin and expects exit 0; `ws_end` is what the
+/// server saw after the 5 bytes: the messages up to the client's close
+/// frame, or up to a 500 ms pause, whichever comes first.
+async fn close_stdin_with(protocol: &'static str) -> Vec<Vec<u8>> {
+    let after = Arc::new(Mutex::new(Vec::new()));
+    let recorded = after.clone();
+    let script: Script = Arc::new(move |mut ws, seen| {
+        let recorded = recorded.clone();
+        async move {
+            let data = read_stdin(&mut ws, &seen, 5).await;
+            let pause = std::time::Duration::from_millis(500);
+            while let Ok(Some(Ok(message))) = tokio::time::timeout(pause, ws.next()).await {
+                match message {
+                    Message::Binary(bin) => recorded.lock().expect("after").push(bin.to_vec()),
+                    Message::Close(_) => break,
+                    _ => {}
+                }
+            }
+            // The connection is still up: the output and status arrive.
+            send(&mut ws, 1, &data).await;
+            send(&mut ws, 3, br#"{"metadata":{},"status":"Success"}"#).await;
+            let _ = ws.close(None).await;
+        }
+        .boxed()
+    });
+    let (client, _) = fake_endpoint_speaking(protocol, None, script).await;
+    let exec = KubeExec::new(client, NS, Some("work".into()));
+    let session = exec.start("box-0", &run(&["cat"])).await.expect("start");
+    let mut stdin = session.stdin;
+    stdin.write_all(b"hello").await.expect("write");
+    drop(stdin);
+    let mut out = Vec::new();
+    let mut stdout = session.stdout;
+    stdout.read_to_end(&mut out).await.expect("read");
+    assert_eq!(out, b"hello");
+    assert_eq!(session.done.await.expect("exit"), 0);
+    let seen = after.lock().expect("after").clone();
+    seen
+}
+
+#[tokio::test]
+async fn v5_says_when_stdin_is_closed() {
+    assert_eq!(close_stdin_with(V5).await, [vec![255u8, 0]]);
+}
+
+#[tokio::test]
+async fn v4_cannot_close_stdin_so_leaves_the_stream_open() {
+    // Closing the socket instead (kube-rs's way) would lose the status.
+    assert!(close_stdin_with(V4).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_close_frame_without_a_status_is_no_status() {
+    let script: Script = Arc::new(|mut ws, _| {
+        async move {
+            send(&mut ws, 1, b"NEED 10\n").await;
+            send(&mut ws, 2, b"killed").await;
+            let _ = ws.close(None).await;
+            // Drain until the client answers the close.
+            while let Some(Ok(_)) = ws.next().await {}
+        }
+        .boxed()
+    });
+    let (client, _) = fake_endpoint(None, script).await;
+    let exec = KubeExec::new(client, NS, Some("work".into()));
+    let (out, done) = exchange(&exec, "box-0", Vec::new()).await;
+    assert_eq!(out, b"NEED 10\n");
+    let error = done.expect_err("no status");
+    assert!(matches!(error, KubeExecError::NoStatus), "{error:?}");
+}
+
+#[tokio::test]
+async fn the_client_closes_the_socket_after_the_status() {
+    let closed = Arc::new(Mutex::new(false));
+    let recorded = closed.clone();
+    let script: Script = Arc::new(move |mut ws, _| {
+        let recorded = recorded.clone();
+        async move {
+            send(&mut ws, 3, &kwok_status(4)).await;
+            let wait = std::time::Duration::from_secs(10);
+            while let Ok(Some(Ok(message))) = tokio::time::timeout(wait, ws.next()).await {
+                if let Message::Close(_) = message {
+                    *recorded.lock().expect("closed") = true;
+                    break;
+                }
+            }
+        }
+        .boxed()
+    });
+    let (client, _) = fake_endpoint(None, script).await;
+    let exec = KubeExec::new(client, NS, Some("work".into()));
+    let (out, done) = exchange(&exec, "box-0", Vec::new()).await;
+    assert!(out.is_empty());
+    assert_eq!(done.expect("exit"), 4);
+    // The server's side sees the close frame shortly after.
+    for _ in 0..100 {
+        if *closed.lock().expect("closed") {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("no close frame after the status");
+}
+
+#[tokio::test]
+async fn a_bad_status_is_a_stream_error() {
+    let script: Script = Arc::new(|mut ws, _| {
+        async move {
+            send(&mut ws, 3, b"not json").await;
+        }
+        .boxed()
+    });
+    let (client, _) = fake_endpoint(None, script).await;
+    let exec = KubeExec::new(client, NS, Some("work".into()));
+    let (_, done) = exchange(&exec, "box-0", Vec::new()).await;
+    let error = done.expect_err("bad status");
+    assert!(matches!(error, KubeExecError::Stream(_)), "{error:?}");
 }
 
 #[tokio::test]
