@@ -114,14 +114,6 @@ flock 9 || fail lock_failed "cannot lock $root/.lock"
 
 acc=
 count=0
-# A `both` scan also deals each batch's files alternately into two halves,
-# hashed at the same time; a name with a newline turns that off for its batch.
-acc_a=
-acc_b=
-odd=
-multiline=
-nl='
-'
 
 quote_append() {
 	_rest=$1
@@ -135,44 +127,7 @@ quote_append() {
 		*) break ;;
 		esac
 	done
-	_q=" '$_out$_rest'"
-	acc="$acc$_q"
-	if [ "$scan_mode" = both ]; then
-		if [ -n "$odd" ]; then
-			acc_b="$acc_b$_q"
-			odd=
-		else
-			acc_a="$acc_a$_q"
-			odd=1
-		fi
-		case $1 in
-		*"$nl"*) multiline=1 ;;
-		esac
-	fi
-}
-
-# hash_halves: the batch's sha256sum lines on fd 4, in order. Every other
-# file is hashed by a second sha256sum at the same time (two cores) and the
-# two outputs are merged line by line. That needs one line per file: busybox
-# does not escape a newline in a name, so such a batch is hashed by one.
-hash_halves() {
-	if [ -z "$acc_b" ] || [ -n "$multiline" ]; then
-		eval "sha256sum -- $acc" >&4
-		return
-	fi
-	eval "sha256sum -- $acc_b" >"$scratch/hash.b" 4>&- &
-	_pid=$!
-	eval "sha256sum -- $acc_a" >"$scratch/hash.a" 4>&-
-	_sa=$?
-	wait "$_pid" && [ "$_sa" = 0 ] || return 1
-	{
-		while IFS= read -r _l <&6; do
-			printf '%s\n' "$_l"
-			if IFS= read -r _l <&7; then
-				printf '%s\n' "$_l"
-			fi
-		done
-	} 6<"$scratch/hash.a" 7<"$scratch/hash.b" >&4
+	acc="$acc '$_out$_rest'"
 }
 
 flush() {
@@ -180,14 +135,10 @@ flush() {
 	case $scan_mode in
 	content) eval "sha256sum -- $acc" ;;
 	layout) eval "stat -c '%f %s' -- $acc" ;;
-	*) eval "stat -c '%f %s' -- $acc" && hash_halves ;;
+	*) eval "stat -c '%f %s' -- $acc" && eval "sha256sum -- $acc" >&4 ;;
 	esac
 	_status=$?
 	acc=
-	acc_a=
-	acc_b=
-	odd=
-	multiline=
 	return $_status
 }
 
@@ -234,18 +185,16 @@ scan() {
 	printf '%s\n' "${_sum%% *}"
 }
 
-# scan_both DIR COUNT-FILE CONTENT-FILE SCRATCH-DIR: one walk for both
-# manifests of a new tree; prints the layout's sha256 and leaves the
-# content's sha256 (with the file name sha256sum adds) in CONTENT-FILE.
-# COUNT-FILE is written only when the walk succeeded; SCRATCH-DIR (absolute)
-# holds the hash halves.
+# scan_both DIR COUNT-FILE CONTENT-FILE: one walk for both manifests of a new
+# tree; prints the layout's sha256 and leaves the content's sha256 (with the
+# file name sha256sum adds) in CONTENT-FILE. COUNT-FILE is written only when
+# the walk succeeded.
 scan_both() {
 	_sum=$(
 		{
 			(
 				cd "$1" || exit 1
 				scan_mode=both
-				scratch=$4
 				walk "" && flush || exit 1
 				printf '%s\n' "$count" >"$2" || exit 1
 			) 4>&1 >&5 | sha256sum >"$3"
@@ -376,11 +325,11 @@ else
 
 	# Read-only first: the manifest records the modes the runs will see.
 	chmod -R a-w "$staging/tree" || fail write_failed "cannot make the tree read-only"
-	lay=$(scan_both "$staging/tree" "$staging/count" "$staging/content.sum" "$staging") ||
+	lay=$(scan_both "$staging/tree" "$staging/count" "$staging/content.sum") ||
 		fail write_failed "cannot record the manifest"
 	read -r n <"$staging/count" || fail write_failed "cannot record the manifest"
 	read -r con _ <"$staging/content.sum" || fail write_failed "cannot record the manifest"
-	rm -f "$staging/count" "$staging/content.sum" "$staging/hash.a" "$staging/hash.b"
+	rm -f "$staging/count" "$staging/content.sum"
 	[ "$n" -le "$entries" ] ||
 		fail too_many_entries "the bundle has $n entries, more than the recorded $entries"
 	[ "$n" -eq "$entries" ] ||
