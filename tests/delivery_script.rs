@@ -888,8 +888,8 @@ fn hostile_file_names(sh: &Shell) {
         let req = request(&sb, SCOPE_A, "wl", run, &b, verify);
         assert_eq!(deliver(sh, &sb, &req, &b.bytes).need(), 0, "{verify:?}");
     }
-    // Without a newline name the batch is hashed in two halves at once, and
-    // the merged lines must equal one sha256sum's, or the full check fails.
+    // The manifests recorded at publish (one walk) must equal what a later
+    // full check computes, or that check fails on an intact tree.
     let plain = bundle(&[
         ("a b", b"1"),
         ("c'd", b"2"),
