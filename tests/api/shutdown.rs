@@ -24,6 +24,8 @@ struct Process {
     addr: SocketAddr,
     /// Every stderr line so far.
     lines: Arc<Mutex<Vec<String>>>,
+    /// The thread reading stderr; it ends at EOF, once the process is gone.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Process {
@@ -44,7 +46,7 @@ impl Process {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let _ = tx.send(line.clone());
                 sink.lock().unwrap().push(line);
@@ -67,7 +69,12 @@ impl Process {
                     .expect("a socket address");
             }
         };
-        Self { child, addr, lines }
+        Self {
+            child,
+            addr,
+            lines,
+            reader: Some(reader),
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -84,6 +91,10 @@ impl Process {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
+                // The last lines may still be in the pipe: read them all.
+                if let Some(reader) = self.reader.take() {
+                    reader.join().expect("stderr reader");
+                }
                 return status;
             }
             assert!(Instant::now() < deadline, "still running after {limit:?}");
