@@ -274,7 +274,7 @@ else
 	# nothing before both digests matched, below. When gzip stops early (bad
 	# bytes, the cap reached) the rest is drained, so every byte is still
 	# received and the checks below, in order, say what was wrong. sh has no
-	# pipefail: the stages that can fail leave their status in a file.
+	# pipefail: every failable stage records its status in a file.
 	s=$staging
 	err=$(
 		{
