@@ -28,3 +28,18 @@ pub use error::{BundleError, DeviceKind, LinkKind};
 pub use limits::{CanonicalOptions, Limits};
 pub use pack::pack_dir;
 pub use report::{Inspection, Report};
+
+/// Incompressible bytes (xorshift), the same for a given length: test
+/// input for the spool and the compressor.
+#[cfg(test)]
+pub(crate) fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}

@@ -211,20 +211,7 @@ impl Read for RangeReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bundle::TempBudget;
-
-    /// Incompressible bytes (xorshift).
-    fn noise(len: usize) -> Vec<u8> {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
-    }
+    use crate::bundle::{noise, TempBudget};
 
     fn read(spool: &SpoolFile, offset: u64, len: u64) -> Vec<u8> {
         let mut out = Vec::new();

@@ -195,17 +195,7 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    fn noise(n: usize) -> Vec<u8> {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
-    }
+    use crate::bundle::noise;
 
     #[test]
     fn the_pinned_zlib_rs_is_the_locked_one() {
