@@ -96,8 +96,7 @@ Examples:
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     // A missing .env is normal; a broken one is worth saying.
     if let Err(e) = dotenvy::dotenv() {
         if !e.not_found() {
@@ -108,17 +107,11 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return cli::usage_failure(&e),
     };
+    // Offline commands run without an async runtime: starting one (and
+    // its threads) is a measurable share of a quick `bundle inspect`.
     let result = match cli.command {
         Command::Bundle { cmd } => Ok(cli::bundle::run(cmd, cli.output)),
-        Command::Health => cli::health(&cli.conn, cli.output).await,
         Command::Token(args) => cli::token::run(args, &cli.conn, cli.output),
-        Command::Create(args) => pool::create(args, &cli.conn, cli.output).await,
-        Command::Get(args) => pool::get(args, &cli.conn, cli.output).await,
-        Command::Wait(args) => pool::wait(args, &cli.conn, cli.output).await,
-        Command::Rm(args) => pool::rm(args, &cli.conn, cli.output).await,
-        Command::Ls => pool::ls(&cli.conn, cli.output).await,
-        Command::Context(args) => cli::context::run(args, &cli.conn, cli.output).await,
-        Command::Workload(args) => cli::workload::run(args, &cli.conn, cli.output).await,
         Command::Completion { shell } => {
             clap_complete::generate(
                 shell,
@@ -128,6 +121,34 @@ async fn main() -> ExitCode {
             );
             Ok(ExitCode::SUCCESS)
         }
+        command => match tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(online(command, &cli.conn, cli.output)),
+            Err(e) => Err(anyhow::Error::new(e).context("cannot start the async runtime")),
+        },
     };
     result.unwrap_or_else(|e| cli::fail(&e))
+}
+
+/// The commands that talk to the service.
+async fn online(
+    command: Command,
+    conn: &ConnectionArgs,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Health => cli::health(conn, output).await,
+        Command::Create(args) => pool::create(args, conn, output).await,
+        Command::Get(args) => pool::get(args, conn, output).await,
+        Command::Wait(args) => pool::wait(args, conn, output).await,
+        Command::Rm(args) => pool::rm(args, conn, output).await,
+        Command::Ls => pool::ls(conn, output).await,
+        Command::Context(args) => cli::context::run(args, conn, output).await,
+        Command::Workload(args) => cli::workload::run(args, conn, output).await,
+        Command::Bundle { .. } | Command::Token(_) | Command::Completion { .. } => {
+            anyhow::bail!("internal error: an offline command reached the online dispatcher")
+        }
+    }
 }

@@ -55,14 +55,34 @@ impl CanonPath {
 impl Ord for CanonPath {
     fn cmp(&self, other: &Self) -> Ordering {
         // NUL never appears in a valid path, so mapping '/' to 0 makes plain
-        // byte comparison equal to component-wise comparison.
-        let key = |b: &u8| if *b == b'/' { 0 } else { *b };
-        self.0
-            .as_bytes()
-            .iter()
-            .map(key)
-            .cmp(other.0.as_bytes().iter().map(key))
+        // byte comparison equal to component-wise comparison. Only the first
+        // differing byte needs the mapping: the common prefix (found at
+        // memcmp speed) compares equal either way.
+        let (a, b) = (self.0.as_bytes(), other.0.as_bytes());
+        let common = common_prefix(a, b);
+        let key = |b: u8| if b == b'/' { 0 } else { b };
+        match (a.get(common), b.get(common)) {
+            (Some(&x), Some(&y)) => key(x).cmp(&key(y)),
+            _ => a.len().cmp(&b.len()),
+        }
     }
+}
+
+/// Length of the longest common prefix of `a` and `b`, eight bytes at a time.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let (x, y) = (&a[i..i + 8], &b[i..i + 8]);
+        if x != y {
+            break;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
 }
 
 impl PartialOrd for CanonPath {
@@ -163,6 +183,43 @@ mod tests {
         v.sort();
         let got: Vec<&str> = v.iter().map(super::CanonPath::as_str).collect();
         assert_eq!(got, ["a", "a/b", "a/b/c", "a-b", "a.b", "b"]);
+    }
+
+    #[test]
+    fn order_is_component_wise_across_word_boundaries() {
+        let mut v: Vec<CanonPath> = [
+            "a/b",
+            "a-b",
+            "a",
+            "a/b/c",
+            "ab",
+            "a.b/x",
+            "abcdefghij/k",
+            "abcdefghi/k",
+        ]
+        .into_iter()
+        .map(|s| CanonPath(s.into()))
+        .collect();
+        v.sort();
+        let got: Vec<&str> = v.iter().map(CanonPath::as_str).collect();
+        assert_eq!(
+            got,
+            [
+                "a",
+                "a/b",
+                "a/b/c",
+                "a-b",
+                "a.b/x",
+                "ab",
+                "abcdefghi/k",
+                "abcdefghij/k"
+            ]
+        );
+        let (x, y) = (
+            CanonPath("abcdefgh/ij".into()),
+            CanonPath("abcdefgh/ij".into()),
+        );
+        assert_eq!(x.cmp(&y), Ordering::Equal);
     }
 
     #[test]

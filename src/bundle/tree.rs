@@ -39,6 +39,12 @@ pub(crate) struct Tree {
     nodes: BTreeMap<CanonPath, Node>,
     files: u64,
     dirs: u64,
+    /// The parent directory of the last path added: it and its ancestors
+    /// are directories already, so the next path in the same directory
+    /// (the common case: archives list a directory's files together)
+    /// skips the ancestor walk. Nodes are never removed and a directory
+    /// never becomes a file, so this stays true.
+    last_parent: String,
 }
 
 impl Tree {
@@ -69,6 +75,10 @@ impl Tree {
         path: &CanonPath,
         created: &mut Vec<CanonPath>,
     ) -> Result<(), BundleError> {
+        let parent = path.as_str().rsplit_once('/').map_or("", |(p, _)| p);
+        if parent.is_empty() || parent == self.last_parent {
+            return Ok(());
+        }
         for ancestor in path.ancestors() {
             let key = CanonPath::from_trusted(ancestor.to_owned());
             match self.nodes.entry(key) {
@@ -86,6 +96,7 @@ impl Tree {
                 }
             }
         }
+        parent.clone_into(&mut self.last_parent);
         Ok(())
     }
 
@@ -165,6 +176,26 @@ mod tests {
         assert!(t.add_dir(p("a/b")).unwrap().is_empty());
         assert_eq!(t.add_dir(p("a/b")).unwrap_err().code(), "duplicate_path");
         assert_eq!((t.files(), t.dirs()), (1, 2));
+    }
+
+    #[test]
+    fn siblings_after_a_cached_parent_still_conflict_and_count() {
+        let mut t = Tree::default();
+        t.add_file(p("d/x"), F).unwrap();
+        assert_eq!(t.add_file(p("d/y"), F).unwrap(), vec![p("d/y")]);
+        assert_eq!(
+            t.add_file(p("d/x"), F).unwrap_err().code(),
+            "duplicate_path"
+        );
+        t.add_dir(p("d/sub")).unwrap();
+        let e = t.add_file(p("d/sub"), F).unwrap_err();
+        assert_eq!(e.code(), "file_dir_conflict");
+        // Another directory, then back: the walk runs again and still
+        // sees the file `e` in the way.
+        t.add_file(p("e"), F).unwrap();
+        let e = t.add_file(p("e/z"), F).unwrap_err();
+        assert_eq!((e.code(), e.entry()), ("file_dir_conflict", Some("e")));
+        assert_eq!((t.files(), t.dirs()), (3, 2));
     }
 
     #[test]
