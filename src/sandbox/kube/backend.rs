@@ -301,6 +301,14 @@ impl SandboxBackend for KubeBackend {
         Ok(true)
     }
 
+    async fn set_suspended(
+        &self,
+        name: &str,
+        suspended: bool,
+    ) -> Result<Option<PoolStatus>, BackendError> {
+        self.set_operating_mode(name, suspended).await
+    }
+
     async fn wait_pool(
         &self,
         name: &str,
