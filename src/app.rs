@@ -15,7 +15,8 @@ use crate::delivery::{DeliveryDeps, DeliveryService, DeliverySettings, SandboxEx
 use crate::fsutil;
 use crate::metrics::Metrics;
 use crate::pool::metrics::{self as pool_metrics, PoolMetrics};
-use crate::pool::{PoolQuotas, PoolService};
+use crate::pool::validate::TtlBounds;
+use crate::pool::{reaper, PoolQuotas, PoolService};
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
 use crate::workload::{UploadLimits, WorkloadService, WorkloadSettings};
 
@@ -112,7 +113,20 @@ impl AppState {
             replicas: config.pool_replica_quota,
             contexts: config.context_quota,
         };
-        let pools = Arc::new(PoolService::with_quotas(backend.pools, quotas));
+        anyhow::ensure!(
+            !config.pool_ttl_min.is_zero() && config.pool_ttl_min <= config.pool_ttl_max,
+            "--pool-ttl-min ({}) must be positive and at most --pool-ttl-max ({})",
+            humantime::format_duration(config.pool_ttl_min),
+            humantime::format_duration(config.pool_ttl_max)
+        );
+        let ttl_bounds = TtlBounds {
+            min: config.pool_ttl_min,
+            max: config.pool_ttl_max,
+        };
+        let pools =
+            Arc::new(PoolService::with_quotas(backend.pools, quotas).with_ttl_bounds(ttl_bounds));
+        // Deletes expired pools, first those that expired while we were down.
+        reaper::spawn_reaper(&pools, reaper::RESCAN_EVERY);
         let workloads = build_workloads(config).await?;
         metrics.with_registry(|r| workloads.metrics().register(r));
         let pool_metrics = PoolMetrics::default();

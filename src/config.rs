@@ -138,6 +138,16 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_POOL_REPLICA_QUOTA", default_value_t = 100)]
     pub pool_replica_quota: u32,
 
+    /// Shortest `ttl` a pool may ask for, e.g. `1m`; shorter ones answer
+    /// `400 invalid_request`.
+    #[arg(long, env = "CS_POOL_TTL_MIN", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub pool_ttl_min: std::time::Duration,
+
+    /// Longest `ttl` a pool may ask for, e.g. `168h`; longer ones answer
+    /// `400 invalid_request`. Pools without a `ttl` never expire.
+    #[arg(long, env = "CS_POOL_TTL_MAX", default_value = "168h", value_parser = humantime::parse_duration)]
+    pub pool_ttl_max: std::time::Duration,
+
     /// Most named contexts one owner holds, across namespaces; a create
     /// past it answers `429 context_quota_exceeded`. `0`: no quota.
     #[arg(long, env = "CS_CONTEXT_QUOTA", default_value_t = 20)]

@@ -861,3 +861,8 @@ fn huge_exponent(quantity: &str) -> bool {
         .split_once(['e', 'E'])
         .is_some_and(|(_, exp)| exp.trim_start_matches(['+', '-']).len() > 3)
 }
+
+// --- lifetime: suspend / resume, ttl -----------------------------------------
+
+#[path = "k8s_pools_e2e/lifetime.rs"]
+mod lifetime;

@@ -65,6 +65,7 @@ error_set!(
             case(StatusCode::NOT_FOUND, "pool_not_found"),
             case(StatusCode::CONFLICT, "workload_not_ready"),
             case(StatusCode::CONFLICT, "run_conflict"),
+            case(StatusCode::CONFLICT, "sandbox_suspended"),
         ],
     ]
 );

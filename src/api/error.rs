@@ -263,6 +263,11 @@ impl From<crate::pool::PoolError> for ApiError {
                 "context_quota_exceeded",
                 err.to_string(),
             ),
+            PoolError::NotSuspendable(message) => Self::new(
+                StatusCode::CONFLICT,
+                "pool_not_suspendable",
+                message.clone(),
+            ),
             PoolError::NotReady(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_ready",
@@ -357,6 +362,7 @@ impl From<crate::delivery::DeliveryError> for ApiError {
             D::SandboxNotFound(_) => Self::new(StatusCode::NOT_FOUND, "sandbox_not_found", msg),
             D::PoolNotFound(_) => Self::new(StatusCode::NOT_FOUND, "pool_not_found", msg),
             D::RunNotFound(_) => Self::new(StatusCode::NOT_FOUND, "run_not_found", msg),
+            D::SandboxSuspended(_) => Self::new(StatusCode::CONFLICT, "sandbox_suspended", msg),
             D::WorkloadNotReady(_) => Self::new(StatusCode::CONFLICT, "workload_not_ready", msg),
             D::RunConflict { .. } => Self::new(StatusCode::CONFLICT, "run_conflict", msg),
             D::Failed { .. } => Self::new(StatusCode::BAD_GATEWAY, DELIVERY_FAILED, msg),

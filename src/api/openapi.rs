@@ -425,6 +425,7 @@ mod tests {
             | P::AlreadyExists(_)
             | P::PoolQuotaExceeded { .. }
             | P::ContextQuotaExceeded(_)
+            | P::NotSuspendable(_)
             | P::NotReady(_)
             | P::Internal { .. } => {}
         }
@@ -433,6 +434,7 @@ mod tests {
             | D::WorkloadNotFound(_)
             | D::SandboxNotFound(_)
             | D::PoolNotFound(_)
+            | D::SandboxSuspended(_)
             | D::RunNotFound(_)
             | D::WorkloadNotReady(_)
             | D::RunConflict { .. }
@@ -520,6 +522,7 @@ mod tests {
                     asked: 1,
                 },
                 P::ContextQuotaExceeded(1),
+                P::NotSuspendable(s()),
                 P::NotReady(backend()),
                 P::Internal {
                     doing: s(),
@@ -535,6 +538,7 @@ mod tests {
                 D::WorkloadNotFound(s()),
                 D::SandboxNotFound(s()),
                 D::PoolNotFound(s()),
+                D::SandboxSuspended(s()),
                 D::RunNotFound(s()),
                 D::WorkloadNotReady(s()),
                 D::RunConflict {

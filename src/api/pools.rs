@@ -1,5 +1,5 @@
 //! `/v1/sandbox-pools`: create, read (optionally waiting for readiness),
-//! list and delete the caller's pools.
+//! list, suspend, resume and delete the caller's pools.
 
 use std::time::Duration;
 
@@ -30,6 +30,8 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create, list))
         .routes(routes!(read, remove))
+        .routes(routes!(suspend))
+        .routes(routes!(resume))
 }
 
 error_set!(
@@ -53,6 +55,16 @@ error_set!(
     /// Errors of `GET /v1/sandbox-pools/{name}` (`wait` and `timeout` are
     /// checked: `400 invalid_request`).
     ReadErrors = [AUTH, BASE, PATH, NOT_FOUND]
+);
+error_set!(
+    /// Errors of `POST /v1/sandbox-pools/{name}/suspend` and `/resume`.
+    SuspendErrors = [
+        AUTH,
+        BASE,
+        PATH,
+        NOT_FOUND,
+        &[case(StatusCode::CONFLICT, "pool_not_suspendable")],
+    ]
 );
 error_set!(
     /// Errors of `DELETE /v1/sandbox-pools/{name}`.
@@ -189,6 +201,65 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Suspends one of the caller's pools (scope `pools:write`).
+///
+/// Every sandbox stops its pod but keeps its name and volumes; the pool
+/// reads `suspended` and refuses deliveries (`409 sandbox_suspended`) until
+/// resumed. Idempotent: a suspended pool answers `200` as it is. Warm-pool
+/// pools answer `409 pool_not_suspendable`.
+#[utoipa::path(
+    post,
+    path = "/v1/sandbox-pools/{name}/suspend",
+    operation_id = "suspendPool",
+    tag = "pools",
+    params(("name" = String, Path, description = "Pool name"), Delegation),
+    responses((status = OK, description = "The pool, suspended.", body = Pool), Errors<SuspendErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
+async fn suspend(
+    State(state): State<AppState>,
+    principal: Principal,
+    path: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    set_suspended(state, principal, path, true).await
+}
+
+/// Resumes one of the caller's suspended pools (scope `pools:write`).
+///
+/// Every sandbox gets a new pod on its kept volumes; the pool goes back to
+/// `ready` (through `provisioning` on `kube`). Idempotent: a running pool
+/// answers `200` as it is. Warm-pool pools answer
+/// `409 pool_not_suspendable`.
+#[utoipa::path(
+    post,
+    path = "/v1/sandbox-pools/{name}/resume",
+    operation_id = "resumePool",
+    tag = "pools",
+    params(("name" = String, Path, description = "Pool name"), Delegation),
+    responses((status = OK, description = "The pool, resuming.", body = Pool), Errors<SuspendErrors>),
+    security(("bearer" = []), ("shAuth" = []))
+)]
+async fn resume(
+    State(state): State<AppState>,
+    principal: Principal,
+    path: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    set_suspended(state, principal, path, false).await
+}
+
+async fn set_suspended(
+    state: AppState,
+    principal: Principal,
+    path: Result<Path<String>, PathRejection>,
+    suspended: bool,
+) -> ApiResult<Response> {
+    principal.require(Scope::PoolsWrite)?;
+    let name = path_param(path)?;
+    let owner = state.owner_scope.of(principal.owner());
+    let status = state.pools.set_suspended(&name, &owner, suspended).await?;
+    Ok(json::respond(StatusCode::OK, &Pool::from(&status)))
+}
+
 /// Upstream's `pool.Workspace`.
 static WORKSPACE: GoStruct = GoStruct {
     go_type: "pool.Workspace",
@@ -236,6 +307,11 @@ pub(super) static CREATE_REQUEST: GoStruct = GoStruct {
             json: "workspace",
             kind: GoKind::Struct(&WORKSPACE),
         },
+        // Not upstream: the pool's lifetime (`"2h"`).
+        GoField {
+            json: "ttl",
+            kind: GoKind::String,
+        },
     ],
 };
 
@@ -253,5 +329,6 @@ pub(super) fn create_request(body: &json::Decoded) -> CreatePoolRequest {
             claim_name: ws.string("claimName"),
             read_only: ws.opt_bool("readOnly"),
         },
+        ttl: body.string("ttl"),
     }
 }

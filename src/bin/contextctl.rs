@@ -68,6 +68,10 @@ Examples:
     Get(pool::GetArgs),
     /// Wait until a sandbox pool is ready (exit 1 if it fails or times out).
     Wait(pool::WaitArgs),
+    /// Suspend a sandbox pool: its pods stop, volumes and names stay.
+    Suspend(pool::SuspendArgs),
+    /// Resume a suspended sandbox pool: new pods on the kept volumes.
+    Resume(pool::SuspendArgs),
     /// Delete a sandbox pool: its sandboxes and managed workspaces.
     #[command(visible_alias = "delete")]
     Rm(pool::RmArgs),
@@ -144,6 +148,8 @@ async fn online(
         Command::Get(args) => pool::get(args, conn, output).await,
         Command::Wait(args) => pool::wait(args, conn, output).await,
         Command::Rm(args) => pool::rm(args, conn, output).await,
+        Command::Suspend(args) => pool::set_suspended(args, conn, output, true).await,
+        Command::Resume(args) => pool::set_suspended(args, conn, output, false).await,
         Command::Ls => pool::ls(conn, output).await,
         Command::Context(args) => cli::context::run(args, conn, output).await,
         Command::Workload(args) => cli::workload::run(args, conn, output).await,

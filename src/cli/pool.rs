@@ -38,6 +38,7 @@ Examples:
   contextctl create solo --shared                # 1 sandbox on a shareable volume
   contextctl create readers -n 3 --claim context-docs --read-only
   contextctl create fast --warm-pool research-agents -n 3
+  contextctl create scratch --ttl 2h             # deleted by the service after 2 hours
   contextctl wait team && contextctl get team")]
 pub struct CreateArgs {
     /// Pool name (lowercase, at most 50 characters).
@@ -66,6 +67,10 @@ pub struct CreateArgs {
     /// Claim the sandboxes from this SandboxWarmPool.
     #[arg(long, value_name = "POOL")]
     pub warm_pool: Option<String>,
+    /// Lifetime of the pool, e.g. `2h` or `30m`; the service deletes it
+    /// then. Default: until deleted.
+    #[arg(long, value_name = "DURATION")]
+    pub ttl: Option<String>,
     /// Same as `--output json` (upstream compatibility).
     #[arg(long, hide = true)]
     pub json: bool,
@@ -85,6 +90,8 @@ impl CreateArgs {
         let mut req = CreatePool {
             name: self.name.clone(),
             replicas: self.replicas,
+            // Checked by the service, whose bounds are configurable.
+            ttl: self.ttl.clone(),
             ..CreatePool::default()
         };
         if let Some(pool) = &self.warm_pool {
@@ -161,6 +168,17 @@ pub struct WaitArgs {
     pub timeout: Duration,
 }
 
+/// `contextctl suspend NAME` and `contextctl resume NAME`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  contextctl suspend team         # pods stop; volumes, names and files stay
+  contextctl resume team && contextctl wait team")]
+pub struct SuspendArgs {
+    /// Pool name.
+    pub name: String,
+}
+
 /// `contextctl rm NAME`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -221,6 +239,9 @@ fn print_pool(pool: &Pool, output: OutputFormat, members: bool) -> anyhow::Resul
             println!("{}", summary_line(pool));
             if let (Some(reason), message) = (&pool.reason, &pool.message) {
                 println!("  {reason}: {}", message.as_deref().unwrap_or(""));
+            }
+            if let Some(at) = &pool.expires_at {
+                println!("  expires at {at}");
             }
             if members {
                 for s in &pool.sandboxes {
@@ -308,6 +329,24 @@ pub async fn rm(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Runs `contextctl suspend` (`true`) or `contextctl resume` (`false`).
+pub async fn set_suspended(
+    args: SuspendArgs,
+    conn: &ConnectionArgs,
+    output: OutputFormat,
+    suspend: bool,
+) -> anyhow::Result<ExitCode> {
+    let client = conn.settings().client()?;
+    let pool = if suspend {
+        client.suspend_pool(&args.name).await
+    } else {
+        client.resume_pool(&args.name).await
+    }
+    .map_err(upstream_error)?;
+    print_pool(&pool, output, false)?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Longest single long-poll; shorter than any proxy's idle timeout.
 const POLL: Duration = Duration::from_secs(30);
 
@@ -350,6 +389,17 @@ pub async fn wait(
                             OutputFormat::Text | OutputFormat::Wide => {}
                         }
                         return Ok(ExitCode::SUCCESS);
+                    }
+                    // It will not become ready by itself.
+                    "suspended" => {
+                        if output.is_document() {
+                            print_doc(&pool, output)?;
+                        }
+                        anyhow::bail!(
+                            "{} is suspended; resume it first (contextctl resume {})",
+                            pool.name,
+                            pool.name
+                        );
                     }
                     "failed" => {
                         if output.is_document() {

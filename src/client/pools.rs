@@ -48,6 +48,18 @@ impl Client {
         self.send_json(self.request(Method::GET, &path)).await
     }
 
+    /// `POST /v1/sandbox-pools/{name}/suspend`.
+    pub async fn suspend_pool(&self, name: &str) -> Result<Pool, ClientError> {
+        let path = format!("/v1/sandbox-pools/{}/suspend", path_segment(name));
+        self.send_json(self.request(Method::POST, &path)).await
+    }
+
+    /// `POST /v1/sandbox-pools/{name}/resume`.
+    pub async fn resume_pool(&self, name: &str) -> Result<Pool, ClientError> {
+        let path = format!("/v1/sandbox-pools/{}/resume", path_segment(name));
+        self.send_json(self.request(Method::POST, &path)).await
+    }
+
     /// `GET /v1/sandbox-pools`: the caller's pools.
     pub async fn list_pools(&self) -> Result<PoolList, ClientError> {
         self.send_json(self.request(Method::GET, "/v1/sandbox-pools"))

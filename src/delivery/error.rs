@@ -19,6 +19,10 @@ pub enum DeliveryError {
     /// No such pool for this owner (also: another owner's).
     #[error("sandbox pool {0:?} not found")]
     PoolNotFound(String),
+    /// The target sandbox (or pool) is suspended: it runs no pod until the
+    /// pool is resumed. The text says which.
+    #[error("{0}")]
+    SandboxSuspended(String),
     /// No such run for this owner and workload.
     #[error("run {0:?} not found")]
     RunNotFound(String),

@@ -52,6 +52,9 @@ pub enum ExecError {
     /// The sandbox (or its pod) does not exist (any more).
     #[error("sandbox {0} not found")]
     NotFound(String),
+    /// The sandbox is suspended: it keeps its files but runs nothing.
+    #[error("sandbox {0} is suspended")]
+    Suspended(String),
     /// Starting the command or talking to it failed (spawn error, websocket
     /// or API error, a lost status channel). The text is logged; clients get
     /// a generic reason.

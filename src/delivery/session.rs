@@ -49,6 +49,9 @@ impl Failure {
         match self {
             Failure::Script { code, reason } => format!("{code}: {reason}"),
             Failure::Exec(ExecError::NotFound(s)) => format!("sandbox {s} not found"),
+            Failure::Exec(ExecError::Suspended(s)) => {
+                format!("sandbox_suspended: sandbox {s} is suspended; resume its pool first")
+            }
             Failure::Exec(ExecError::Transport { .. }) => {
                 "exec_failed: could not run the delivery script in the sandbox".to_owned()
             }

@@ -2,7 +2,7 @@
 //! owner allocated, or one the operator's shared-sandbox selector matches.
 //! Anything else is answered exactly like a missing sandbox.
 
-use crate::pool::{LabelSelector, Member, PoolError, PoolService};
+use crate::pool::{LabelSelector, Member, PoolError, PoolPhase, PoolService};
 
 use super::error::DeliveryError;
 
@@ -18,12 +18,17 @@ pub(super) async fn sandbox(
     name: &str,
 ) -> Result<Member, DeliveryError> {
     let own = pools.list(owner_scope).await.map_err(internal)?;
-    if let Some(m) = own
-        .into_iter()
-        .flat_map(|p| p.members)
-        .find(|m| m.name == name)
-    {
-        return Ok(m);
+    for pool in own {
+        let suspended = pool.phase == PoolPhase::Suspended;
+        if let Some(m) = pool.members.into_iter().find(|m| m.name == name) {
+            if suspended {
+                return Err(suspended_error(&format!(
+                    "sandbox {name:?} is suspended (pool {:?})",
+                    pool.name
+                )));
+            }
+            return Ok(m);
+        }
     }
     if let Some(selector) = shared {
         let matched = pools
@@ -40,6 +45,11 @@ pub(super) async fn sandbox(
     Err(DeliveryError::SandboxNotFound(name.to_owned()))
 }
 
+/// A suspended target, with what to do about it.
+fn suspended_error(what: &str) -> DeliveryError {
+    DeliveryError::SandboxSuspended(format!("{what}; resume the pool first"))
+}
+
 /// Every member of the owner's pool `name` (ready or not, in index order).
 pub(super) async fn pool(
     pools: &PoolService,
@@ -47,6 +57,9 @@ pub(super) async fn pool(
     name: &str,
 ) -> Result<Vec<Member>, DeliveryError> {
     match pools.get(name, owner_scope).await {
+        Ok(status) if status.phase == PoolPhase::Suspended => Err(suspended_error(&format!(
+            "sandbox pool {name:?} is suspended"
+        ))),
         Ok(status) => Ok(status.members),
         Err(PoolError::NotFound(_)) => Err(DeliveryError::PoolNotFound(name.to_owned())),
         Err(e) => Err(internal(e)),

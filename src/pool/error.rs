@@ -67,6 +67,10 @@ pub enum PoolError {
     /// The owner has as many named contexts as the quota allows.
     #[error("the quota of {0} named contexts per owner is reached; delete one first")]
     ContextQuotaExceeded(u32),
+    /// The pool cannot be suspended or resumed (warm-pool pools); the
+    /// message says why.
+    #[error("{0}")]
+    NotSuspendable(String),
     /// The backend cannot serve requests now. The cause is for the log.
     #[error("the sandbox backend is not reachable; see the service log")]
     NotReady(#[source] BackendError),

@@ -65,7 +65,12 @@ struct Sampler {
 
 impl Sampler {
     fn record(&mut self, pools: &[PoolStatus], now: Instant) {
-        for phase in [PoolPhase::Provisioning, PoolPhase::Ready, PoolPhase::Failed] {
+        for phase in [
+            PoolPhase::Provisioning,
+            PoolPhase::Ready,
+            PoolPhase::Failed,
+            PoolPhase::Suspended,
+        ] {
             let count = pools.iter().filter(|p| p.phase == phase).count();
             self.metrics
                 .pools
@@ -147,6 +152,7 @@ mod tests {
             message: None,
             members: Vec::new(),
             owner_scope: String::new(),
+            expires_at: None,
         }
     }
 

@@ -10,6 +10,7 @@
 //! - [`selector`]: equality-based label selectors ([`LabelSelector`]);
 //! - [`service`]: [`PoolService`] (with per-owner quotas, `quota`);
 //!   [`error`]: its [`PoolError`];
+//! - [`reaper`]: deletes pools whose `ttl` ran out (also after a restart);
 //! - [`view`]: the JSON shapes on the wire.
 
 pub mod error;
@@ -19,6 +20,7 @@ pub mod names;
 pub mod port;
 pub mod quantity;
 mod quota;
+pub mod reaper;
 pub mod selector;
 pub mod service;
 pub mod validate;

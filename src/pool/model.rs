@@ -5,6 +5,7 @@
 //! [`PoolStatus`] / [`ContextStatus`]. The API layer maps these to the
 //! upstream JSON.
 
+use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 /// Kubernetes access mode of a workspace volume.
@@ -107,6 +108,11 @@ pub struct PoolSpec {
     /// The owner's scope ([`crate::auth::OwnerScope`]); recorded on every
     /// object (label [`super::names::OWNER_LABEL`]).
     pub owner_scope: String,
+    /// When the pool expires (creation time plus the requested `ttl`), in
+    /// whole seconds; `None` = never. Backends record it durably (annotation
+    /// [`super::names::EXPIRES_AT_ANNOTATION`]) so expiry survives restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Timestamp>,
 }
 
 /// Where a pool stands.
@@ -119,6 +125,9 @@ pub enum PoolPhase {
     Ready,
     /// A sandbox or claim reports a terminal failure; see `reason`/`message`.
     Failed,
+    /// The sandboxes are suspended: no pods run, volumes and names are kept
+    /// (`POST .../resume` brings them back).
+    Suspended,
 }
 
 impl PoolPhase {
@@ -128,12 +137,17 @@ impl PoolPhase {
             PoolPhase::Provisioning => "provisioning",
             PoolPhase::Ready => "ready",
             PoolPhase::Failed => "failed",
+            PoolPhase::Suspended => "suspended",
         }
     }
 
-    /// Whether a waiter can stop waiting (`ready` or `failed`).
+    /// Whether a waiter can stop waiting (`ready`, `failed` or
+    /// `suspended`: a suspended pool does not become ready by itself).
     pub fn is_settled(self) -> bool {
-        matches!(self, PoolPhase::Ready | PoolPhase::Failed)
+        matches!(
+            self,
+            PoolPhase::Ready | PoolPhase::Failed | PoolPhase::Suspended
+        )
     }
 }
 
@@ -190,6 +204,8 @@ pub struct PoolStatus {
     pub members: Vec<Member>,
     /// The owner scope recorded on the pool's objects (`""` if none).
     pub owner_scope: String,
+    /// When the pool expires, as recorded on its objects; `None` = never.
+    pub expires_at: Option<Timestamp>,
 }
 
 /// Classification of a named context (metadata only).

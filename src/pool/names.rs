@@ -18,6 +18,10 @@ pub const REPLICAS_KEY: &str = "context.rossoctl.io/replicas";
 pub const WORKSPACE_READ_ONLY_ANNOTATION: &str = "context.rossoctl.io/workspace-read-only";
 /// Annotation on Sandboxes of the existing-PVC strategy: the claim name.
 pub const WORKSPACE_CLAIM_ANNOTATION: &str = "context.rossoctl.io/workspace-claim";
+/// Annotation on every managed object of a pool with a `ttl`: when the pool
+/// expires (RFC 3339, UTC). The reaper deletes the pool then, also after a
+/// restart of the service.
+pub const EXPIRES_AT_ANNOTATION: &str = "context.rossoctl.io/expires-at";
 /// Label on named-context PVCs: the context name.
 pub const CONTEXT_NAME_LABEL: &str = "context.rossoctl.io/name";
 /// Label on named-context PVCs: the context type.

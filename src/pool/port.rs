@@ -76,7 +76,24 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// existed. Idempotent: a retry after a partial failure finishes the job.
     async fn delete_pool(&self, name: &str) -> Result<bool, BackendError>;
 
-    /// Resolves when the pool is `ready` or `failed`, or when `timeout`
+    /// Suspends (`true`) or resumes (`false`) every sandbox of the direct
+    /// pool `name`: a suspended sandbox runs no pod (no exec, no delivery)
+    /// but keeps its name and volumes; resuming starts new pods. Idempotent.
+    /// Answers the pool's status afterwards; `None` = no such pool. The
+    /// service never calls it for warm-pool pools.
+    async fn set_suspended(
+        &self,
+        name: &str,
+        suspended: bool,
+    ) -> Result<Option<PoolStatus>, BackendError> {
+        let _ = (name, suspended);
+        Err(BackendError::internal(
+            "suspend or resume a sandbox pool",
+            "not supported by this backend",
+        ))
+    }
+
+    /// Resolves when the pool is `ready`, `failed` or `suspended`, or when `timeout`
     /// passes (then with the current status). `None` = no such pool (also
     /// when it disappears while waiting).
     async fn wait_pool(

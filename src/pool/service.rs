@@ -6,11 +6,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tokio::sync::Notify;
+
 use super::error::{PoolError, PoolResult, Subject};
-use super::model::{ContextStatus, PoolStatus};
+use super::model::{ContextStatus, PoolStatus, Strategy};
 use super::port::{BackendError, SandboxBackend};
 use super::quota::QuotaGate;
-use super::validate::{self, CreateContextRequest, CreatePoolRequest};
+use super::validate::{self, CreateContextRequest, CreatePoolRequest, TtlBounds};
 
 /// Longest a `GET ?wait=ready` may hold a request.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -44,7 +47,14 @@ pub struct PoolService {
     quotas: PoolQuotas,
     pool_gate: Arc<QuotaGate>,
     context_gate: Arc<QuotaGate>,
+    ttl_bounds: TtlBounds,
+    /// Woken when a pool with an expiry is created, so the reaper
+    /// re-plans its next wake-up (a new pool may expire first).
+    expiries: Arc<Notify>,
 }
+
+/// Message of `409 pool_not_suspendable` for warm-pool pools.
+pub const WARM_NOT_SUSPENDABLE: &str = "a warm-pool pool cannot be suspended: its sandboxes are adopted from the warm pool's template, which need not keep any volume, so suspending would discard their state; delete the pool instead";
 
 impl std::fmt::Debug for PoolService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,7 +75,25 @@ impl PoolService {
             quotas,
             pool_gate: Arc::new(QuotaGate::new()),
             context_gate: Arc::new(QuotaGate::new()),
+            ttl_bounds: TtlBounds::default(),
+            expiries: Arc::new(Notify::new()),
         }
+    }
+
+    /// The same service accepting a pool `ttl` within `bounds`.
+    pub fn with_ttl_bounds(mut self, bounds: TtlBounds) -> Self {
+        self.ttl_bounds = bounds;
+        self
+    }
+
+    /// The accepted `ttl` range.
+    pub fn ttl_bounds(&self) -> TtlBounds {
+        self.ttl_bounds
+    }
+
+    /// Notified whenever a pool with an expiry was created (for the reaper).
+    pub fn expiries(&self) -> &Arc<Notify> {
+        &self.expiries
     }
 
     /// The backend (for other services, e.g. delivery into sandboxes).
@@ -92,7 +120,11 @@ impl PoolService {
         req: &CreatePoolRequest,
         owner_scope: &str,
     ) -> PoolResult<PoolStatus> {
-        let spec = validate::pool(req, owner_scope).map_err(|e| PoolError::Invalid(e.0.into()))?;
+        let mut spec =
+            validate::pool(req, owner_scope).map_err(|e| PoolError::Invalid(e.0.into()))?;
+        // After upstream's rules, so their messages keep their order.
+        let ttl = validate::ttl(&req.ttl, self.ttl_bounds).map_err(|e| PoolError::Invalid(e.0))?;
+        spec.expires_at = ttl.map(expiry_after);
         let reservation = match self.quotas.replicas {
             0 => None,
             quota => {
@@ -134,8 +166,73 @@ impl PoolService {
             created
         })
         .await?;
-        tracing::info!(pool = %name, strategy = kind, replicas = status.replicas, "sandbox pool created");
+        if status.expires_at.is_some() {
+            self.expiries.notify_one();
+        }
+        tracing::info!(pool = %name, strategy = kind, replicas = status.replicas, expires_at = ?status.expires_at, "sandbox pool created");
         Ok(status)
+    }
+
+    /// Suspends (`true`) or resumes (`false`) the caller's pool `name`:
+    /// idempotent, answers the pool afterwards. Warm-pool pools answer
+    /// [`PoolError::NotSuspendable`].
+    pub async fn set_suspended(
+        &self,
+        name: &str,
+        owner_scope: &str,
+        suspended: bool,
+    ) -> PoolResult<PoolStatus> {
+        let current = self.get(name, owner_scope).await?;
+        if matches!(current.strategy, Strategy::Warm { .. }) {
+            return Err(PoolError::NotSuspendable(WARM_NOT_SUSPENDABLE.to_owned()));
+        }
+        let backend = self.backend.clone();
+        let owned_name = name.to_owned();
+        let (doing, done) = if suspended {
+            ("suspend", "sandbox pool suspended")
+        } else {
+            ("resume", "sandbox pool resumed")
+        };
+        // Like a delete, a started suspend or resume reaches every sandbox
+        // even if the client leaves.
+        let status = detached(
+            Subject::Pool,
+            format!("{doing} sandbox pool {name}"),
+            async move { backend.set_suspended(&owned_name, suspended).await },
+        )
+        .await?
+        .ok_or(PoolError::NotFound(Subject::Pool))?;
+        tracing::info!(pool = %name, phase = status.phase.as_str(), "{done}");
+        Ok(status)
+    }
+
+    /// Deletes every pool (of any owner) that expired at `now`; answers the
+    /// deleted names and the next expiry still ahead. One failed delete is
+    /// logged and retried at the next pass, never stops the others.
+    pub async fn reap_expired(
+        &self,
+        now: Timestamp,
+    ) -> Result<(Vec<String>, Option<Timestamp>), BackendError> {
+        let pools = self.backend.list_pools().await?;
+        let mut reaped = Vec::new();
+        let mut next: Option<Timestamp> = None;
+        for pool in pools {
+            let Some(at) = pool.expires_at else { continue };
+            if at > now {
+                next = Some(next.map_or(at, |n| n.min(at)));
+                continue;
+            }
+            match self.backend.delete_pool(&pool.name).await {
+                Ok(_) => {
+                    tracing::info!(pool = %pool.name, expired_at = %at, "expired sandbox pool deleted");
+                    reaped.push(pool.name);
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %pool.name, error = %e, "deleting an expired sandbox pool failed; retrying later");
+                }
+            }
+        }
+        Ok((reaped, next))
     }
 
     /// The caller's pool `name`.
@@ -345,6 +442,15 @@ impl PoolService {
     }
 }
 
+/// Now plus `ttl`, rounded up to whole seconds (what a `metav1.Time`
+/// stores), so a pool never expires before its `ttl` passed.
+fn expiry_after(ttl: Duration) -> Timestamp {
+    let ttl = SignedDuration::try_from(ttl).unwrap_or(SignedDuration::MAX);
+    let at = Timestamp::now().checked_add(ttl).unwrap_or(Timestamp::MAX);
+    let second = at.as_second() + i64::from(at.subsec_nanosecond() > 0);
+    Timestamp::from_second(second).unwrap_or(at)
+}
+
 /// Runs a mutation of `subject` in its own task and maps its failure.
 ///
 /// A client disconnect drops the caller's future; the task still runs the
@@ -452,6 +558,7 @@ mod tests {
                 access_mode: "ReadWriteOnce".into(),
                 ..Default::default()
             },
+            ttl: String::new(),
         }
     }
 

@@ -2,6 +2,8 @@
 //!
 //! The first failing rule decides the `400 invalid_request` message.
 
+use std::time::Duration;
+
 use super::model::{AccessMode, ContextSpec, ContextType, PoolSpec, Strategy};
 use super::quantity;
 
@@ -22,6 +24,9 @@ pub struct CreatePoolRequest {
     pub warm_pool_ref: String,
     /// `workspace`.
     pub workspace: WorkspaceRequest,
+    /// `ttl`, e.g. `2h` (`""` = absent: the pool never expires). Checked
+    /// by [`ttl`] against the service's bounds.
+    pub ttl: String,
 }
 
 /// The `workspace` object of a create-pool request.
@@ -160,7 +165,64 @@ pub fn pool(req: &CreatePoolRequest, owner_scope: &str) -> Result<PoolSpec, Inva
         replicas,
         strategy,
         owner_scope: owner_scope.to_owned(),
+        expires_at: None,
     })
+}
+
+/// The shortest and longest `ttl` a pool may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TtlBounds {
+    /// Shortest accepted `ttl`.
+    pub min: Duration,
+    /// Longest accepted `ttl`.
+    pub max: Duration,
+}
+
+impl Default for TtlBounds {
+    /// 1 minute to 7 days.
+    fn default() -> Self {
+        Self {
+            min: Duration::from_secs(60),
+            max: Duration::from_secs(168 * 3600),
+        }
+    }
+}
+
+/// Why a `ttl` was refused: the message is shown as is (`400`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidTtl(pub String);
+
+/// The pool's lifetime from a request's `ttl` (humantime, e.g. `2h`,
+/// `90m`, `1h 30m`): `None` when absent, else within `bounds`.
+pub fn ttl(raw: &str, bounds: TtlBounds) -> Result<Option<Duration>, InvalidTtl> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let (min, max) = (short_duration(bounds.min), short_duration(bounds.max));
+    let parsed = humantime::parse_duration(raw.trim()).map_err(|_| {
+        InvalidTtl(format!(
+            "ttl must be a duration such as 2h or 30m (between {min} and {max})"
+        ))
+    })?;
+    if parsed < bounds.min || parsed > bounds.max {
+        return Err(InvalidTtl(format!(
+            "ttl must be between {min} and {max}; got {raw}"
+        )));
+    }
+    Ok(Some(parsed))
+}
+
+/// `168h`, `1m`, `90s`, `250ms`: the largest of h, m, s, ms that divides
+/// the duration (humantime would say `7days`, which `2h` users misread).
+pub fn short_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+        if ms >= size && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
 }
 
 /// Validates a create-context request into a spec for `owner_scope`.
@@ -284,6 +346,33 @@ mod tests {
                 storage_class: Some("fast".into())
             }
         );
+    }
+
+    #[test]
+    fn ttls() {
+        let bounds = TtlBounds::default();
+        assert_eq!(ttl("", bounds), Ok(None));
+        assert_eq!(ttl("2h", bounds), Ok(Some(Duration::from_secs(7200))));
+        assert_eq!(ttl("1h 30m", bounds), Ok(Some(Duration::from_secs(5400))));
+        assert_eq!(
+            ttl("168h", bounds),
+            Ok(Some(Duration::from_secs(168 * 3600)))
+        );
+        assert_eq!(
+            ttl("59s", bounds).unwrap_err().0,
+            "ttl must be between 1m and 168h; got 59s"
+        );
+        assert_eq!(
+            ttl("169h", bounds).unwrap_err().0,
+            "ttl must be between 1m and 168h; got 169h"
+        );
+        assert_eq!(
+            ttl("soon", bounds).unwrap_err().0,
+            "ttl must be a duration such as 2h or 30m (between 1m and 168h)"
+        );
+        assert!(ttl("-1h", bounds).is_err());
+        assert_eq!(short_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(short_duration(Duration::from_secs(90)), "90s");
     }
 
     proptest::proptest! {

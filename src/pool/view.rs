@@ -17,7 +17,7 @@ use super::quantity;
 pub struct Pool {
     /// Pool name.
     pub name: String,
-    /// `provisioning`, `ready` or `failed`.
+    /// `provisioning`, `ready`, `failed` or `suspended`.
     pub status: String,
     /// Requested sandboxes.
     pub replicas: u32,
@@ -39,6 +39,11 @@ pub struct Pool {
     /// The pool's sandboxes.
     #[serde(default)]
     pub sandboxes: Vec<Sandbox>,
+    /// When the pool expires and is deleted (RFC 3339, UTC), for pools
+    /// created with a `ttl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "2026-12-01T18:00:00Z")]
+    pub expires_at: Option<String>,
 }
 
 /// The `workspace` object of a pool.
@@ -108,6 +113,7 @@ impl From<&PoolStatus> for Pool {
                     ready: m.ready,
                 })
                 .collect(),
+            expires_at: s.expires_at.map(|at| at.to_string()),
         }
     }
 }
@@ -125,6 +131,11 @@ pub struct CreatePool {
     pub warm_pool_ref: Option<String>,
     /// The workspace.
     pub workspace: CreateWorkspace,
+    /// Lifetime, e.g. `2h` (humantime); the pool is deleted when it ends.
+    /// Absent: the pool lives until deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "2h")]
+    pub ttl: Option<String>,
 }
 
 /// The `workspace` of a create-pool request.

@@ -34,6 +34,7 @@ mod hs256_secret;
 mod monitoring;
 mod openapi;
 mod owners;
+mod pool_lifetime;
 mod pools;
 mod quotas;
 mod readme_examples;

@@ -266,6 +266,7 @@ async fn alerts_and_dashboard_reference_exported_metrics() {
                 access_mode: Some("ReadWriteOnce".to_owned()),
                 ..CreateWorkspace::default()
             },
+            ttl: None,
         })
         .await
         .unwrap();

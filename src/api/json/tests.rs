@@ -33,7 +33,14 @@ fn decodes_like_go_encoding_json() {
             "OK" => {
                 let want: Value = serde_json::from_str(row[6].as_str().unwrap()).unwrap();
                 let got = got.unwrap_or_else(|e| panic!("{shown:?}: {e}"));
-                assert_eq!(got.to_value(), want, "{shown:?}");
+                let mut got = got.to_value();
+                // `ttl` is ours, not upstream's: absent from Go's answers.
+                if let Some(fields) = got.as_object_mut() {
+                    if row[0] == "pool" {
+                        assert_eq!(fields.remove("ttl"), Some(Value::from("")), "{shown:?}");
+                    }
+                }
+                assert_eq!(got, want, "{shown:?}");
             }
             _ => assert_eq!(
                 got.map(|d| d.to_value()),

@@ -59,6 +59,7 @@ pub enum KubeBackendError {
 ///     replicas: 2,
 ///     strategy: Strategy::Shared { size: "1Gi".into(), storage_class: None },
 ///     owner_scope: "0123456789abcdef0123456789abcdef".into(),
+///     expires_at: None, // or Some(time): deleted then, by the controller and the reaper
 /// };
 /// backend.create_pool(&spec).await?;
 /// let status = backend.wait_pool("review", Duration::from_secs(120)).await?;
@@ -299,6 +300,14 @@ impl SandboxBackend for KubeBackend {
             "sandbox pool deleted"
         );
         Ok(true)
+    }
+
+    async fn set_suspended(
+        &self,
+        name: &str,
+        suspended: bool,
+    ) -> Result<Option<PoolStatus>, BackendError> {
+        self.set_operating_mode(name, suspended).await
     }
 
     async fn wait_pool(

@@ -6,13 +6,15 @@
 //! - [`status`]: pool status from objects (pure);
 //! - [`watch`]: reflector caches and change notifications;
 //! - [`backend`]: [`KubeBackend`], the [`crate::pool::SandboxBackend`];
-//!   `create` and `contexts` add pool creation and named contexts to it.
+//!   `create`, `lifecycle` and `contexts` add pool creation, suspend and
+//!   resume, and named contexts to it.
 
 pub mod backend;
 mod contexts;
 pub mod crd;
 mod create;
 pub mod exec;
+mod lifecycle;
 pub mod objects;
 pub mod settings;
 pub mod status;

@@ -477,6 +477,7 @@ fn spec(name: &str, replicas: u32, strategy: Strategy) -> PoolSpec {
         replicas,
         strategy,
         owner_scope: OWNER.to_string(),
+        expires_at: None,
     }
 }
 

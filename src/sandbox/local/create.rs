@@ -79,6 +79,15 @@ impl Inner {
         ])
     }
 
+    /// Annotations every object of the pool carries besides its own: the
+    /// expiry, when the pool has one.
+    pub(super) fn pool_annotations(&self, spec: &PoolSpec) -> BTreeMap<String, String> {
+        spec.expires_at
+            .map(|at| (names::EXPIRES_AT_ANNOTATION.to_owned(), at.to_string()))
+            .into_iter()
+            .collect()
+    }
+
     /// Creates the pool, or rolls back what it made and returns the error.
     pub(super) fn create_pool(&self, spec: &PoolSpec) -> Result<PoolStatus, BackendError> {
         let (plan, _reserved) = self.reserve_for_create(spec)?;
@@ -148,6 +157,7 @@ impl Inner {
         created: &Mutex<Created>,
     ) -> Result<(), BackendError> {
         let labels = self.labels(spec);
+        let pool_annotations = self.pool_annotations(spec);
         let record = |f: &dyn Fn(&mut Created)| {
             f(&mut created.lock().unwrap_or_else(PoisonError::into_inner));
         };
@@ -171,7 +181,7 @@ impl Inner {
                 meta: ObjectMeta {
                     name: volume.clone(),
                     labels: volume_labels,
-                    annotations: BTreeMap::new(),
+                    annotations: pool_annotations.clone(),
                 },
                 size: size.clone(),
                 access_mode,
@@ -194,7 +204,8 @@ impl Inner {
             let what = format!("create sandbox {index}");
             self.fault(sandbox, &what)?;
             let volume = plan.volume_for(spec, index);
-            let mut annotations = BTreeMap::from([
+            let mut annotations = pool_annotations.clone();
+            annotations.extend([
                 (
                     names::WORKSPACE_READ_ONLY_ANNOTATION.to_owned(),
                     read_only.to_string(),
@@ -216,6 +227,7 @@ impl Inner {
                 volume,
                 read_only,
                 warm_pool: None,
+                suspended: false,
             };
             // Recorded first: a failure half-way leaves a directory to remove.
             record(&|c| c.sandboxes.push(sandbox.clone()));
@@ -240,12 +252,13 @@ impl Inner {
                     volume: None,
                     read_only: false,
                     warm_pool: Some(pool.clone()),
+                    suspended: false,
                 };
                 let claim_meta = ClaimMeta {
                     meta: ObjectMeta {
                         name: claim.clone(),
                         labels: labels.clone(),
-                        annotations: BTreeMap::new(),
+                        annotations: pool_annotations.clone(),
                     },
                     warm_pool: pool.clone(),
                     sandbox: sandbox.clone(),

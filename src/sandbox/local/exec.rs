@@ -27,6 +27,10 @@ impl SandboxExec for LocalBackend {
         let dir = self
             .sandbox_dir(&target.sandbox)
             .ok_or_else(|| ExecError::NotFound(target.sandbox.clone()))?;
+        // A suspended sandbox keeps its files but runs nothing (no pod).
+        if self.is_suspended(&target.sandbox) {
+            return Err(ExecError::Suspended(target.sandbox.clone()));
+        }
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| ExecError::transport("exec", "empty argv"))?;

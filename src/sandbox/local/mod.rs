@@ -142,6 +142,12 @@ impl LocalBackend {
         dir.join(SANDBOX_FILE).is_file().then_some(dir)
     }
 
+    /// Whether sandbox `name` exists and is suspended (exec refuses it).
+    pub fn is_suspended(&self, name: &str) -> bool {
+        crate::pool::validate::is_dns1123_subdomain(name)
+            && matches!(self.inner.read_sandbox(name), Ok(Some(meta)) if meta.suspended)
+    }
+
     #[cfg(test)]
     fn fail_on(&self, object: Option<&str>) {
         if let Ok(mut f) = self.inner.fail_on.lock() {
@@ -187,6 +193,16 @@ impl SandboxBackend for LocalBackend {
     async fn delete_pool(&self, name: &str) -> Result<bool, BackendError> {
         let name = name.to_owned();
         self.blocking(move |inner| inner.delete_pool(&name)).await
+    }
+
+    async fn set_suspended(
+        &self,
+        name: &str,
+        suspended: bool,
+    ) -> Result<Option<PoolStatus>, BackendError> {
+        let name = name.to_owned();
+        self.blocking(move |inner| inner.set_suspended(&name, suspended))
+            .await
     }
 
     async fn wait_pool(

@@ -71,6 +71,10 @@ pub(super) struct SandboxMeta {
     pub(super) read_only: bool,
     /// The warm pool it came from, for claimed sandboxes.
     pub(super) warm_pool: Option<String>,
+    /// Suspended (as `operatingMode: Suspended`): the directory and its
+    /// workspace stay, exec and delivery are refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) suspended: bool,
 }
 
 /// `claims/<claim>.json`: a warm-pool claim (a `SandboxClaim`).

@@ -8,7 +8,7 @@ use crate::pool::model::{
 };
 use crate::pool::{BackendError, LabelSelector};
 
-use super::layout::SANDBOX_FILE;
+use super::layout::{internal, write_json, SANDBOX_FILE};
 use super::plan::Plan;
 use super::records::{PoolRecord, RecordState};
 use super::Inner;
@@ -50,8 +50,12 @@ impl Inner {
             volume_ok.insert(name.to_owned(), ok);
             Ok(ok)
         };
+        let mut suspended = false;
         for (index, sandbox) in plan.sandboxes.iter().enumerate() {
-            let exists = self.sandbox_dir(sandbox).join(SANDBOX_FILE).is_file();
+            let meta = self.read_sandbox(sandbox)?;
+            let exists = meta.is_some();
+            let paused = meta.is_some_and(|m| m.suspended);
+            suspended |= paused;
             let volume = plan.volume_for(spec, index);
             let mounted = match &volume {
                 Some(v) => volume_exists(v)?,
@@ -73,7 +77,7 @@ impl Inner {
             members.push(Member {
                 name: sandbox.clone(),
                 pod: None,
-                ready: exists && mounted,
+                ready: exists && mounted && !paused,
             });
         }
         for claim in &plan.claims {
@@ -111,6 +115,7 @@ impl Inner {
         let workspace = self.workspace_view(spec)?;
         let (phase, reason, message) = match (record.state, problem) {
             (RecordState::Creating, _) => (PoolPhase::Provisioning, None, None),
+            (RecordState::Created, None) if suspended => (PoolPhase::Suspended, None, None),
             (RecordState::Created, None) => (PoolPhase::Ready, None, None),
             (RecordState::Created, Some((reason, message))) => {
                 (PoolPhase::Failed, Some(reason.to_owned()), Some(message))
@@ -127,7 +132,35 @@ impl Inner {
             message,
             members,
             owner_scope: spec.owner_scope.clone(),
+            expires_at: spec.expires_at,
         })
+    }
+
+    /// Marks every sandbox of direct pool `name` suspended or running (the
+    /// directories stay); `None` without a pool. Serialised with creations
+    /// and deletions of the pool.
+    pub(super) fn set_suspended(
+        &self,
+        name: &str,
+        suspended: bool,
+    ) -> Result<Option<PoolStatus>, BackendError> {
+        let _reserved = self.reserve_pool(name);
+        let Some(record) = self.read_record(name)? else {
+            return Ok(None);
+        };
+        for sandbox in &Plan::of(&record.spec).sandboxes {
+            let Some(mut meta) = self.read_sandbox(sandbox)? else {
+                continue;
+            };
+            if meta.suspended == suspended || !meta.meta.belongs_to(name) {
+                continue;
+            }
+            meta.suspended = suspended;
+            write_json(&self.sandbox_dir(sandbox).join(SANDBOX_FILE), &meta)
+                .map_err(internal(format!("update sandbox {sandbox}")))?;
+        }
+        self.notify();
+        self.status(&record).map(Some)
     }
 
     /// Every sandbox whose recorded labels match `selector`, sorted by
@@ -163,7 +196,7 @@ impl Inner {
             out.push(Member {
                 name,
                 pod: None,
-                ready: mounted,
+                ready: mounted && !meta.suspended,
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));

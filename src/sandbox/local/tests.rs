@@ -24,6 +24,7 @@ fn spec(name: &str, replicas: u32, strategy: Strategy) -> PoolSpec {
         name: name.into(),
         replicas,
         strategy,
+        expires_at: None,
         owner_scope: "owner-a".into(),
     }
 }
@@ -336,4 +337,40 @@ async fn concurrent_creates_and_deletes_of_many_pools() {
         assert!(t.await.unwrap().unwrap());
     }
     assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
+}
+
+#[tokio::test]
+async fn suspended_sandboxes_keep_their_files_and_refuse_exec() {
+    use crate::delivery::{ExecError, ExecTarget, SandboxExec};
+    let dir = tempfile::tempdir().unwrap();
+    let backend = open(dir.path());
+    backend
+        .create_pool(&spec("p", 2, dedicated()))
+        .await
+        .unwrap();
+    let before = tree(dir.path());
+    assert!(backend.set_suspended("none", true).await.unwrap().is_none());
+    let status = backend.set_suspended("p", true).await.unwrap().unwrap();
+    assert_eq!(status.phase, PoolPhase::Suspended);
+    assert_eq!(status.ready_replicas, 0);
+    assert_eq!(tree(dir.path()), before, "nothing is removed");
+    let target = ExecTarget {
+        sandbox: "sandbox-p-1".into(),
+        pod: None,
+    };
+    let argv = ["true".to_owned()];
+    match backend.exec(&target, &argv).await {
+        Err(ExecError::Suspended(name)) => assert_eq!(name, "sandbox-p-1"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("exec ran in a suspended sandbox"),
+    }
+    // Reopened (a restart), still suspended.
+    let backend = open(dir.path());
+    let status = backend.get_pool("p").await.unwrap().unwrap();
+    assert_eq!(status.phase, PoolPhase::Suspended);
+    let status = backend.set_suspended("p", false).await.unwrap().unwrap();
+    assert_eq!(status.phase, PoolPhase::Ready);
+    assert_eq!(status.ready_replicas, 2);
+    let session = backend.exec(&target, &argv).await.unwrap();
+    assert_eq!(session.done.await.unwrap(), 0);
 }

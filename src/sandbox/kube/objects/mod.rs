@@ -104,6 +104,8 @@ pub struct PoolMeta<'a> {
     pub owner_scope: &'a str,
     /// Workspace topology.
     pub strategy: StrategyKind,
+    /// When the pool expires (its `ttl`); `None` = never.
+    pub expires_at: Option<Timestamp>,
 }
 
 impl StrategyKind {
@@ -125,6 +127,7 @@ impl<'a> From<&'a PoolSpec> for PoolMeta<'a> {
             replicas: spec.replicas,
             owner_scope: &spec.owner_scope,
             strategy: StrategyKind::of(&spec.strategy),
+            expires_at: spec.expires_at,
         }
     }
 }
@@ -162,6 +165,30 @@ pub fn pool_labels(pool: &PoolMeta<'_>) -> BTreeMap<String, String> {
     ])
 }
 
+/// Annotations of every object of a pool with a `ttl`: the expiry
+/// ([`names::EXPIRES_AT_ANNOTATION`]), read back by status and the reaper.
+pub fn expiry_annotations(pool: &PoolMeta<'_>) -> BTreeMap<String, String> {
+    pool.expires_at
+        .map(|at| (names::EXPIRES_AT_ANNOTATION.to_string(), at.to_string()))
+        .into_iter()
+        .collect()
+}
+
+/// `spec.operatingMode` of a suspended Sandbox.
+pub const OPERATING_MODE_SUSPENDED: &str = "Suspended";
+/// `spec.operatingMode` of a running Sandbox (the controller's default).
+pub const OPERATING_MODE_RUNNING: &str = "Running";
+
+/// The merge patch that suspends or resumes a Sandbox.
+pub fn operating_mode_patch(suspended: bool) -> serde_json::Value {
+    let mode = if suspended {
+        OPERATING_MODE_SUSPENDED
+    } else {
+        OPERATING_MODE_RUNNING
+    };
+    serde_json::json!({ "spec": { "operatingMode": mode } })
+}
+
 /// A managed workspace PVC (§2.5): labels plus the replicas label, one access
 /// mode, the storage request, the class only when given.
 pub fn workspace_pvc(
@@ -174,11 +201,13 @@ pub fn workspace_pvc(
 ) -> PersistentVolumeClaim {
     let mut labels = pool_labels(pool);
     labels.insert(names::REPLICAS_KEY.to_string(), pool.replicas.to_string());
+    let annotations = expiry_annotations(pool);
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(settings.namespace.clone()),
             labels: Some(labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
             ..ObjectMeta::default()
         },
         spec: Some(pvc_spec(size, access_mode, storage_class)),
@@ -220,7 +249,8 @@ pub fn sandbox(
     workspace: &WorkspaceRecord,
 ) -> Sandbox {
     let labels = pool_labels(pool);
-    let mut annotations = BTreeMap::from([
+    let mut annotations = expiry_annotations(pool);
+    annotations.extend([
         (
             names::WORKSPACE_READ_ONLY_ANNOTATION.to_string(),
             volume.read_only.to_string(),
@@ -310,6 +340,11 @@ pub fn sandbox(
                 }),
                 spec: pod_spec,
             },
+            // The controller deletes the Sandbox (and with it the pod and
+            // its owned PVCs) at the pool's expiry, even if this service is
+            // down then.
+            shutdown_time: pool.expires_at.map(|at| at.to_string()),
+            shutdown_policy: pool.expires_at.map(|_| "Delete".to_string()),
             ..SandboxSpec::default()
         },
     );
@@ -320,7 +355,8 @@ pub fn sandbox(
 }
 
 /// SandboxClaim `index` of a warm pool (§2.6) with a lifecycle: it expires at
-/// `now + claim_ttl` and is then deleted with its sandbox.
+/// the pool's expiry, or without one at `now + claim_ttl`, and is then
+/// deleted with its sandbox.
 pub fn sandbox_claim(
     settings: &KubeSettings,
     pool: &PoolMeta<'_>,
@@ -335,7 +371,10 @@ pub fn sandbox_claim(
                 name: warm_pool.to_string(),
             },
             lifecycle: Some(ClaimLifecycle {
-                shutdown_time: Some(shutdown_time(now, settings.claim_ttl)),
+                shutdown_time: Some(match pool.expires_at {
+                    Some(at) => at.to_string(),
+                    None => shutdown_time(now, settings.claim_ttl),
+                }),
                 shutdown_policy: Some("Delete".to_string()),
                 ttl_seconds_after_finished: None,
             }),
@@ -349,13 +388,15 @@ pub fn sandbox_claim(
     );
     object.metadata.namespace = Some(settings.namespace.clone());
     object.metadata.labels = Some(pool_labels(pool));
-    object.metadata.annotations = Some(BTreeMap::from([
+    let mut annotations = expiry_annotations(pool);
+    annotations.extend([
         (names::REPLICAS_KEY.to_string(), pool.replicas.to_string()),
         (
             ANN_STRATEGY.to_string(),
             StrategyKind::Warm.as_str().to_string(),
         ),
-    ]));
+    ]);
+    object.metadata.annotations = Some(annotations);
     object
 }
 

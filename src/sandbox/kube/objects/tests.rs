@@ -16,6 +16,7 @@ fn meta(name: &str, replicas: u32, strategy: StrategyKind) -> PoolMeta<'_> {
         replicas,
         owner_scope: OWNER,
         strategy,
+        expires_at: None,
     }
 }
 
@@ -316,4 +317,79 @@ fn context_pvc_has_context_labels_and_no_pool_label() {
     );
     assert_eq!(value["spec"]["accessModes"], json!(["ReadWriteOnce"]));
     assert!(value["spec"]["storageClassName"].is_null());
+}
+
+#[test]
+fn a_ttl_puts_the_expiry_on_every_object_and_shutdown_time_on_members() {
+    let settings = settings();
+    let at: Timestamp = "2026-12-01T18:00:00Z".parse().expect("time");
+    let mut pool = meta("brief", 2, StrategyKind::Shared);
+    pool.expires_at = Some(at);
+    let pvc_name = names::shared_workspace("brief");
+    let volume = WorkspaceVolume {
+        claim_name: &pvc_name,
+        read_only: false,
+    };
+    let object = sandbox(
+        &settings,
+        &pool,
+        0,
+        volume,
+        &record("1Gi", "ReadWriteMany", None),
+    );
+    let value = serde_json::to_value(&object).expect("serialises");
+    assert_eq!(value["spec"]["shutdownTime"], "2026-12-01T18:00:00Z");
+    assert_eq!(value["spec"]["shutdownPolicy"], "Delete");
+    assert_eq!(
+        value["metadata"]["annotations"]["context.rossoctl.io/expires-at"],
+        "2026-12-01T18:00:00Z"
+    );
+    let pvc = workspace_pvc(&settings, &pool, &pvc_name, "1Gi", "ReadWriteMany", None);
+    assert_eq!(
+        pvc.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("context.rossoctl.io/expires-at").cloned()),
+        Some("2026-12-01T18:00:00Z".to_string())
+    );
+    // Claims expire with the pool, not after the claim TTL.
+    let mut warm = meta("hot", 1, StrategyKind::Warm);
+    warm.expires_at = Some(at);
+    let claim = sandbox_claim(&settings, &warm, 0, "wp", Timestamp::now());
+    let value = serde_json::to_value(&claim).expect("serialises");
+    assert_eq!(
+        value["spec"]["lifecycle"],
+        json!({"shutdownTime": "2026-12-01T18:00:00Z", "shutdownPolicy": "Delete"})
+    );
+    assert_eq!(
+        value["metadata"]["annotations"]["context.rossoctl.io/expires-at"],
+        "2026-12-01T18:00:00Z"
+    );
+
+    // Without a ttl: no expiry anywhere on a direct pool.
+    let plain = meta("plain", 1, StrategyKind::Shared);
+    let value = serde_json::to_value(sandbox(
+        &settings,
+        &plain,
+        0,
+        volume,
+        &record("1Gi", "ReadWriteMany", None),
+    ))
+    .expect("serialises");
+    assert!(value["spec"].get("shutdownTime").is_none(), "{value}");
+    assert!(value["spec"].get("shutdownPolicy").is_none(), "{value}");
+    let pvc = workspace_pvc(&settings, &plain, &pvc_name, "1Gi", "ReadWriteMany", None);
+    assert!(pvc.metadata.annotations.is_none());
+}
+
+#[test]
+fn operating_mode_patches_name_the_controller_values() {
+    assert_eq!(
+        operating_mode_patch(true),
+        json!({"spec": {"operatingMode": "Suspended"}})
+    );
+    assert_eq!(
+        operating_mode_patch(false),
+        json!({"spec": {"operatingMode": "Running"}})
+    );
 }

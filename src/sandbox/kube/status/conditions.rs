@@ -176,6 +176,7 @@ pub(super) fn finish(
         message,
         members,
         owner_scope,
+        expires_at: None,
     }
 }
 

@@ -17,11 +17,13 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
-use crate::pool::model::{Member, PoolStatus, Strategy, WorkspaceView};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::pool::model::{Member, PoolPhase, PoolStatus, Strategy, WorkspaceView};
 use crate::pool::names;
 
 use super::crd::{Sandbox, SandboxClaim};
-use super::objects::{StrategyKind, ANN_POD_NAME, ANN_STRATEGY};
+use super::objects::{StrategyKind, ANN_POD_NAME, ANN_STRATEGY, OPERATING_MODE_SUSPENDED};
 use conditions::{condition, finish, is_true, Problem};
 use workspace::{direct_workspace, infer_strategy, requested_strategy};
 
@@ -120,7 +122,7 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
     let strategy = Strategy::Warm {
         pool: first.spec.warm_pool_ref.name.clone(),
     };
-    finish(
+    let mut status = finish(
         name,
         replicas,
         strategy,
@@ -129,7 +131,9 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
         problems,
         creating,
         owner_of(first.labels()),
-    )
+    );
+    status.expires_at = expires_at(first.annotations());
+    status
 }
 
 /// The Sandbox a claim is bound to, only if it really belongs to that claim
@@ -188,7 +192,12 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
         .collect();
     let mut members = Vec::with_capacity(sandboxes.len());
     let mut problems = Vec::new();
+    let mut suspended = false;
     for sandbox in &sandboxes {
+        // The desired state decides: a suspended Sandbox whose pod is still
+        // going away is not usable any more.
+        let paused = is_suspended(sandbox);
+        suspended |= paused;
         let conditions = sandbox
             .status
             .as_ref()
@@ -196,13 +205,14 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
             .unwrap_or_default();
         let ready_condition = condition(conditions, "Ready");
         let terminating = sandbox.metadata.deletion_timestamp.is_some();
-        let ready = is_true(ready_condition) && !terminating;
+        let ready = is_true(ready_condition) && !terminating && !paused;
         let expected_pod = pod_name(sandbox);
         let pod = pods.get(&expected_pod).copied();
         let known_pod = sandbox.annotations().contains_key(ANN_POD_NAME) || pod.is_some();
         if terminating {
             problems.push(Problem::terminating(&sandbox.name_any()));
-        } else if !ready {
+        } else if !ready && !paused {
+            // A paused member is no problem: the pool reads `suspended`.
             let problem = pod
                 .and_then(|pod| Problem::from_pod(&sandbox.name_any(), pod))
                 .unwrap_or_else(|| {
@@ -233,9 +243,28 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
         .map(|s| owner_of(s.labels()))
         .or_else(|| first_pvc.map(|p| owner_of(p.labels())))
         .unwrap_or_default();
-    finish(
+    let mut status = finish(
         name, replicas, strategy, workspace, members, problems, creating, owner,
-    )
+    );
+    status.expires_at = first_sandbox
+        .and_then(|s| expires_at(s.annotations()))
+        .or_else(|| first_pvc.and_then(|p| expires_at(p.annotations())));
+    if suspended && status.phase != PoolPhase::Failed {
+        status.phase = PoolPhase::Suspended;
+        status.reason = None;
+        status.message = None;
+    }
+    status
+}
+
+/// Whether the Sandbox is asked to be suspended (`spec.operatingMode`).
+pub fn is_suspended(sandbox: &Sandbox) -> bool {
+    sandbox.spec.operating_mode.as_deref() == Some(OPERATING_MODE_SUSPENDED)
+}
+
+/// The expiry annotation, when present and readable.
+fn expires_at(annotations: &BTreeMap<String, String>) -> Option<Timestamp> {
+    annotations.get(names::EXPIRES_AT_ANNOTATION)?.parse().ok()
 }
 
 /// A Sandbox outside any pool (e.g. a shared one an operator selects) as a
@@ -249,7 +278,9 @@ pub fn sandbox_member(sandbox: &Sandbox) -> Member {
     Member {
         name: sandbox.name_any(),
         pod: Some(pod_name(sandbox)),
-        ready: is_true(ready_condition) && sandbox.metadata.deletion_timestamp.is_none(),
+        ready: is_true(ready_condition)
+            && sandbox.metadata.deletion_timestamp.is_none()
+            && !is_suspended(sandbox),
     }
 }
 

@@ -507,3 +507,63 @@ fn all_claims_ready_is_ready_even_before_the_sandboxes_are_cached() {
     // Falls back to the Sandbox name, as the SDKs do.
     assert_eq!(status.members[1].pod.as_deref(), Some("agents-q"));
 }
+
+#[test]
+fn suspended_sandboxes_make_a_suspended_pool_with_its_expiry() {
+    let mut annotations = direct(2, "dedicated");
+    annotations["context.rossoctl.io/expires-at"] = json!("2026-12-01T18:00:00Z");
+    let suspended = |name: &str| {
+        let mut sb = (*sandbox(
+            name,
+            annotations.clone(),
+            vec![condition("Ready", "False", "SandboxSuspended", "")],
+        ))
+        .clone();
+        sb.spec.operating_mode = Some("Suspended".to_string());
+        Arc::new(sb)
+    };
+    let objects = PoolObjects {
+        sandboxes: vec![suspended("sandbox-p-0"), suspended("sandbox-p-1")],
+        pvcs: vec![pvc("p-workspace-0", "1Gi", "Bound")],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Suspended);
+    assert_eq!((status.reason, status.message), (None, None));
+    assert_eq!(status.ready_replicas, 0);
+    assert_eq!(
+        status.expires_at.map(|t| t.to_string()).as_deref(),
+        Some("2026-12-01T18:00:00Z")
+    );
+    // Just asked to suspend, the controller has not reacted yet: not
+    // usable any more all the same.
+    let mut asked = (*sandbox("sandbox-p-0", direct(1, "dedicated"), vec![ready()])).clone();
+    asked.spec.operating_mode = Some("Suspended".to_string());
+    let objects = PoolObjects {
+        sandboxes: vec![Arc::new(asked)],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Suspended);
+    assert!(!status.members[0].ready);
+    assert_eq!(status.expires_at, None);
+    // Resumed (Running) but the pod not back yet: provisioning.
+    let mut resumed = (*sandbox(
+        "sandbox-p-0",
+        direct(1, "dedicated"),
+        vec![condition(
+            "Ready",
+            "False",
+            "DependenciesNotReady",
+            "Pod does not exist",
+        )],
+    ))
+    .clone();
+    resumed.spec.operating_mode = Some("Running".to_string());
+    let objects = PoolObjects {
+        sandboxes: vec![Arc::new(resumed)],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+}
