@@ -89,7 +89,7 @@ for i in range(4):
 PY
 for x in a b; do
   tar -czf "$work/$x.gnu.tar.gz" -C "$work/src-$x" .
-  "$target/contextctl" bundle pack "$work/src-$x" -o "$work/$x.canonical.tar.gz" >/dev/null
+  "$target/contextctl" bundle pack "$work/src-$x" -f "$work/$x.canonical.tar.gz" >/dev/null
 done
 
 # The service, on tmpfs like the extraction it is compared with.
