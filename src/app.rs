@@ -113,16 +113,7 @@ impl AppState {
             replicas: config.pool_replica_quota,
             contexts: config.context_quota,
         };
-        anyhow::ensure!(
-            !config.pool_ttl_min.is_zero() && config.pool_ttl_min <= config.pool_ttl_max,
-            "--pool-ttl-min ({}) must be positive and at most --pool-ttl-max ({})",
-            humantime::format_duration(config.pool_ttl_min),
-            humantime::format_duration(config.pool_ttl_max)
-        );
-        let ttl_bounds = TtlBounds {
-            min: config.pool_ttl_min,
-            max: config.pool_ttl_max,
-        };
+        let ttl_bounds = TtlBounds::new(config.pool_ttl_min, config.pool_ttl_max)?;
         let pools =
             Arc::new(PoolService::with_quotas(backend.pools, quotas).with_ttl_bounds(ttl_bounds));
         // Deletes expired pools, first those that expired while we were down.

@@ -183,38 +183,15 @@ mod tests {
         v.sort();
         let got: Vec<&str> = v.iter().map(super::CanonPath::as_str).collect();
         assert_eq!(got, ["a", "a/b", "a/b/c", "a-b", "a.b", "b"]);
-    }
-
-    #[test]
-    fn order_is_component_wise_across_word_boundaries() {
-        let mut v: Vec<CanonPath> = [
-            "a/b",
-            "a-b",
-            "a",
-            "a/b/c",
-            "ab",
-            "a.b/x",
-            "abcdefghij/k",
-            "abcdefghi/k",
-        ]
-        .into_iter()
-        .map(|s| CanonPath(s.into()))
-        .collect();
+        // Past the first 8 bytes (the common prefix is found a word at a
+        // time) the mapping still decides.
+        let mut v: Vec<CanonPath> = ["abcdefghij/k", "ab", "a.b/x", "abcdefghi/k"]
+            .into_iter()
+            .map(|s| CanonPath(s.into()))
+            .collect();
         v.sort();
         let got: Vec<&str> = v.iter().map(CanonPath::as_str).collect();
-        assert_eq!(
-            got,
-            [
-                "a",
-                "a/b",
-                "a/b/c",
-                "a-b",
-                "a.b/x",
-                "ab",
-                "abcdefghi/k",
-                "abcdefghij/k"
-            ]
-        );
+        assert_eq!(got, ["a.b/x", "ab", "abcdefghi/k", "abcdefghij/k"]);
         let (x, y) = (
             CanonPath("abcdefgh/ij".into()),
             CanonPath("abcdefgh/ij".into()),

@@ -65,12 +65,7 @@ struct Sampler {
 
 impl Sampler {
     fn record(&mut self, pools: &[PoolStatus], now: Instant) {
-        for phase in [
-            PoolPhase::Provisioning,
-            PoolPhase::Ready,
-            PoolPhase::Failed,
-            PoolPhase::Suspended,
-        ] {
+        for phase in PoolPhase::ALL {
             let count = pools.iter().filter(|p| p.phase == phase).count();
             self.metrics
                 .pools

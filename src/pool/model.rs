@@ -131,6 +131,14 @@ pub enum PoolPhase {
 }
 
 impl PoolPhase {
+    /// Every phase (for gauges that report each one, zeros included).
+    pub const ALL: [PoolPhase; 4] = [
+        PoolPhase::Provisioning,
+        PoolPhase::Ready,
+        PoolPhase::Failed,
+        PoolPhase::Suspended,
+    ];
+
     /// `provisioning`, `ready` or `failed`.
     pub fn as_str(self) -> &'static str {
         match self {

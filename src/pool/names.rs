@@ -22,6 +22,17 @@ pub const WORKSPACE_CLAIM_ANNOTATION: &str = "context.rossoctl.io/workspace-clai
 /// expires (RFC 3339, UTC). The reaper deletes the pool then, also after a
 /// restart of the service.
 pub const EXPIRES_AT_ANNOTATION: &str = "context.rossoctl.io/expires-at";
+
+/// The annotations every object of a pool expiring at `expires_at` carries
+/// ([`EXPIRES_AT_ANNOTATION`]); empty for a pool that never expires.
+pub fn expiry_annotations(
+    expires_at: Option<k8s_openapi::jiff::Timestamp>,
+) -> std::collections::BTreeMap<String, String> {
+    expires_at
+        .map(|at| (EXPIRES_AT_ANNOTATION.to_owned(), at.to_string()))
+        .into_iter()
+        .collect()
+}
 /// Label on named-context PVCs: the context name.
 pub const CONTEXT_NAME_LABEL: &str = "context.rossoctl.io/name";
 /// Label on named-context PVCs: the context type.

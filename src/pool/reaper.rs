@@ -37,7 +37,7 @@ pub fn spawn_reaper(pools: &Arc<PoolService>, rescan: Duration) -> tokio::task::
             tokio::pin!(woken);
             woken.as_mut().enable();
             let pause = match pools.reap_expired(Timestamp::now()).await {
-                Ok((_, next)) => next.map_or(rescan, |at| until(at).min(rescan)),
+                Ok(next) => next.map_or(rescan, |at| until(at).min(rescan)),
                 Err(e) => {
                     tracing::warn!(error = %e, "listing sandbox pools for expiry failed");
                     RETRY_AFTER.min(rescan)

@@ -86,11 +86,6 @@ impl PoolService {
         self
     }
 
-    /// The accepted `ttl` range.
-    pub fn ttl_bounds(&self) -> TtlBounds {
-        self.ttl_bounds
-    }
-
     /// Notified whenever a pool with an expiry was created (for the reaper).
     pub fn expiries(&self) -> &Arc<Notify> {
         &self.expiries
@@ -207,14 +202,10 @@ impl PoolService {
     }
 
     /// Deletes every pool (of any owner) that expired at `now`; answers the
-    /// deleted names and the next expiry still ahead. One failed delete is
-    /// logged and retried at the next pass, never stops the others.
-    pub async fn reap_expired(
-        &self,
-        now: Timestamp,
-    ) -> Result<(Vec<String>, Option<Timestamp>), BackendError> {
+    /// next expiry still ahead. One failed delete is logged and retried at
+    /// the next pass, never stops the others.
+    pub async fn reap_expired(&self, now: Timestamp) -> Result<Option<Timestamp>, BackendError> {
         let pools = self.backend.list_pools().await?;
-        let mut reaped = Vec::new();
         let mut next: Option<Timestamp> = None;
         for pool in pools {
             let Some(at) = pool.expires_at else { continue };
@@ -225,14 +216,13 @@ impl PoolService {
             match self.backend.delete_pool(&pool.name).await {
                 Ok(_) => {
                     tracing::info!(pool = %pool.name, expired_at = %at, "expired sandbox pool deleted");
-                    reaped.push(pool.name);
                 }
                 Err(e) => {
                     tracing::warn!(pool = %pool.name, error = %e, "deleting an expired sandbox pool failed; retrying later");
                 }
             }
         }
-        Ok((reaped, next))
+        Ok(next)
     }
 
     /// The caller's pool `name`.

@@ -178,6 +178,21 @@ pub struct TtlBounds {
     pub max: Duration,
 }
 
+impl TtlBounds {
+    /// `min..=max`, refused unless `0 < min <= max` (the message names the
+    /// settings).
+    pub fn new(min: Duration, max: Duration) -> Result<Self, InvalidTtl> {
+        if min.is_zero() || min > max {
+            return Err(InvalidTtl(format!(
+                "--pool-ttl-min ({}) must be positive and at most --pool-ttl-max ({})",
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            )));
+        }
+        Ok(Self { min, max })
+    }
+}
+
 impl Default for TtlBounds {
     /// 1 minute to 7 days.
     fn default() -> Self {

@@ -79,15 +79,6 @@ impl Inner {
         ])
     }
 
-    /// Annotations every object of the pool carries besides its own: the
-    /// expiry, when the pool has one.
-    pub(super) fn pool_annotations(&self, spec: &PoolSpec) -> BTreeMap<String, String> {
-        spec.expires_at
-            .map(|at| (names::EXPIRES_AT_ANNOTATION.to_owned(), at.to_string()))
-            .into_iter()
-            .collect()
-    }
-
     /// Creates the pool, or rolls back what it made and returns the error.
     pub(super) fn create_pool(&self, spec: &PoolSpec) -> Result<PoolStatus, BackendError> {
         let (plan, _reserved) = self.reserve_for_create(spec)?;
@@ -157,7 +148,7 @@ impl Inner {
         created: &Mutex<Created>,
     ) -> Result<(), BackendError> {
         let labels = self.labels(spec);
-        let pool_annotations = self.pool_annotations(spec);
+        let pool_annotations = names::expiry_annotations(spec.expires_at);
         let record = |f: &dyn Fn(&mut Created)| {
             f(&mut created.lock().unwrap_or_else(PoisonError::into_inner));
         };

@@ -24,13 +24,7 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 #[async_trait::async_trait]
 impl SandboxExec for LocalBackend {
     async fn exec(&self, target: &ExecTarget, argv: &[String]) -> Result<ExecSession, ExecError> {
-        let dir = self
-            .sandbox_dir(&target.sandbox)
-            .ok_or_else(|| ExecError::NotFound(target.sandbox.clone()))?;
-        // A suspended sandbox keeps its files but runs nothing (no pod).
-        if self.is_suspended(&target.sandbox) {
-            return Err(ExecError::Suspended(target.sandbox.clone()));
-        }
+        let dir = self.exec_dir(&target.sandbox)?;
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| ExecError::transport("exec", "empty argv"))?;

@@ -48,6 +48,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::delivery::ExecError;
 use crate::fsutil;
 use crate::pool::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
 use crate::pool::{BackendError, LabelSelector, SandboxBackend};
@@ -132,20 +133,26 @@ impl LocalBackend {
         Ok(backend)
     }
 
-    /// The directory of sandbox `name` in the service namespace, if it exists
-    /// (for exec and delivery).
-    pub fn sandbox_dir(&self, name: &str) -> Option<PathBuf> {
+    /// The directory exec and delivery run in for sandbox `name`, from one
+    /// read of its record: `NotFound` when there is no such sandbox,
+    /// `Suspended` when it keeps its files but runs nothing (no pod).
+    pub fn exec_dir(&self, name: &str) -> Result<PathBuf, ExecError> {
         if !crate::pool::validate::is_dns1123_subdomain(name) {
-            return None;
+            return Err(ExecError::NotFound(name.to_owned()));
         }
-        let dir = self.inner.sandbox_dir(name);
-        dir.join(SANDBOX_FILE).is_file().then_some(dir)
-    }
-
-    /// Whether sandbox `name` exists and is suspended (exec refuses it).
-    pub fn is_suspended(&self, name: &str) -> bool {
-        crate::pool::validate::is_dns1123_subdomain(name)
-            && matches!(self.inner.read_sandbox(name), Ok(Some(meta)) if meta.suspended)
+        match self.inner.read_sandbox(name) {
+            Ok(None) => Err(ExecError::NotFound(name.to_owned())),
+            Ok(Some(meta)) if meta.suspended => Err(ExecError::Suspended(name.to_owned())),
+            Ok(Some(_)) => Ok(self.inner.sandbox_dir(name)),
+            // An unreadable record still names an existing sandbox.
+            Err(_) => {
+                let dir = self.inner.sandbox_dir(name);
+                dir.join(SANDBOX_FILE)
+                    .is_file()
+                    .then_some(dir)
+                    .ok_or_else(|| ExecError::NotFound(name.to_owned()))
+            }
+        }
     }
 
     #[cfg(test)]

@@ -165,15 +165,6 @@ pub fn pool_labels(pool: &PoolMeta<'_>) -> BTreeMap<String, String> {
     ])
 }
 
-/// Annotations of every object of a pool with a `ttl`: the expiry
-/// ([`names::EXPIRES_AT_ANNOTATION`]), read back by status and the reaper.
-pub fn expiry_annotations(pool: &PoolMeta<'_>) -> BTreeMap<String, String> {
-    pool.expires_at
-        .map(|at| (names::EXPIRES_AT_ANNOTATION.to_string(), at.to_string()))
-        .into_iter()
-        .collect()
-}
-
 /// `spec.operatingMode` of a suspended Sandbox.
 pub const OPERATING_MODE_SUSPENDED: &str = "Suspended";
 /// `spec.operatingMode` of a running Sandbox (the controller's default).
@@ -201,7 +192,7 @@ pub fn workspace_pvc(
 ) -> PersistentVolumeClaim {
     let mut labels = pool_labels(pool);
     labels.insert(names::REPLICAS_KEY.to_string(), pool.replicas.to_string());
-    let annotations = expiry_annotations(pool);
+    let annotations = names::expiry_annotations(pool.expires_at);
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -249,7 +240,7 @@ pub fn sandbox(
     workspace: &WorkspaceRecord,
 ) -> Sandbox {
     let labels = pool_labels(pool);
-    let mut annotations = expiry_annotations(pool);
+    let mut annotations = names::expiry_annotations(pool.expires_at);
     annotations.extend([
         (
             names::WORKSPACE_READ_ONLY_ANNOTATION.to_string(),
@@ -388,7 +379,7 @@ pub fn sandbox_claim(
     );
     object.metadata.namespace = Some(settings.namespace.clone());
     object.metadata.labels = Some(pool_labels(pool));
-    let mut annotations = expiry_annotations(pool);
+    let mut annotations = names::expiry_annotations(pool.expires_at);
     annotations.extend([
         (names::REPLICAS_KEY.to_string(), pool.replicas.to_string()),
         (
