@@ -211,6 +211,32 @@ for s in $SIZES; do
   rm -f "$WORK/t.tar"
 done
 
+# The verification floor: what the checks the in-sandbox script must make
+# cost on this host's tools, alone, with both cores: sha256 of the bundle
+# beside inflate + sha256 of the tar. No cold delivery can be faster than
+# this plus the transfer, whatever the gateway does.
+declare -A FLOOR_MS GUNZIP_MS SHA_MS
+best_of3() { # CMD...: the best wall time of three runs, in ms
+  local best="" t0 took
+  for _ in 1 2 3; do
+    t0=$(now)
+    "$@"
+    took=$(ms_since "$t0")
+    if [ -z "$best" ] || [ "$took" -lt "$best" ]; then best=$took; fi
+  done
+  echo "$best"
+}
+floor_checks() { { sha256sum "$1" >/dev/null & } ; gzip -dc "$1" | sha256sum >/dev/null; wait; }
+for s in $SIZES; do
+  "$CTL" bundle pack "$WORK/src$s" -f "$WORK/floor.tar.gz" >/dev/null
+  cat "$WORK/floor.tar.gz" >/dev/null
+  FLOOR_MS[$s]=$(best_of3 floor_checks "$WORK/floor.tar.gz")
+  GUNZIP_MS[$s]=$(best_of3 sh -c 'gzip -dc "$1" >/dev/null' sh "$WORK/floor.tar.gz")
+  gzip -dc "$WORK/floor.tar.gz" >"$WORK/floor.tar"
+  SHA_MS[$s]=$(best_of3 sh -c 'sha256sum "$1" >/dev/null' sh "$WORK/floor.tar")
+  rm -f "$WORK/floor.tar.gz" "$WORK/floor.tar"
+done
+
 declare -A ROWS
 BUNDLE_MIB=()
 
@@ -317,6 +343,17 @@ for s in $SIZES; do
   done
 done
 echo "ratio = (kubectl cp - its -b1 cost) / cold delivery; target >= 1.5. Warm target: < 100 ms for 64 MiB."
+echo
+echo "== verification floor on this host (the script's tools, best of 3, page cache warm) =="
+printf "%5s | %12s %18s %24s | %s\n" tree "gzip -dc" "sha256sum of tar" "sha256 ∥ gzip -dc|sha256" "best ratio any cold delivery can reach"
+for s in $SIZES; do
+  # Against the last round's kubectl cp (less its -b1 cost).
+  read -r _ _ _ _ kw <<<"${ROWS["kube $s $ROUNDS"]}"
+  pen=${TAR_PENALTY_MS[$s]}
+  printf "%4sM | %11ss %17ss %23ss | %s\n" "$s" "$(secs "${GUNZIP_MS[$s]}")" "$(secs "${SHA_MS[$s]}")" \
+    "$(secs "${FLOOR_MS[$s]}")" "$(awk -v k="$kw" -v p="$pen" -v f="${FLOOR_MS[$s]}" 'BEGIN { printf "%.2fx", (k - p) / f }')"
+done
+echo "(the third column is the least a verified cold delivery costs before a byte is sent or extracted)"
 LIMIT_KB=$(( (CACHE_MIB + INFLIGHT_MIB + 128) * 1024 ))
 echo
 echo "== memory: $CONCURRENT concurrent cold deliveries of distinct $(bundle_mib 256 || echo 256)M bundles (256 MiB trees) through kube exec =="

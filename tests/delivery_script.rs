@@ -20,7 +20,9 @@ use std::sync::{Barrier, Once};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use context_service::bundle::{pack_dir, CanonicalOptions, Limits, Report};
+use context_service::bundle::{
+    manifest_of_bundle, pack_dir, CanonicalOptions, Limits, Report, TreeManifest,
+};
 use context_service::delivery::{
     parse_line, render_deliver, render_release, DeliverRequest, ReleaseRequest, ScriptError,
     ScriptLine, Verify,
@@ -280,6 +282,7 @@ fn request(
         bundle_bytes: b.report.bundle_bytes,
         inflated_bytes: b.report.inflated_bytes,
         entries: b.report.entries,
+        manifest: manifest_of_bundle(&b.bytes[..]).expect("the bundle's tree manifest"),
         verify,
     }
 }
@@ -765,6 +768,30 @@ fn inconsistent_records_are_refused(sh: &Shell) {
                 b.report.entries,
                 b.report.entries + 1
             ),
+        ),
+        (
+            DeliverRequest {
+                manifest: TreeManifest {
+                    names: "0".repeat(64),
+                    ..good.manifest.clone()
+                },
+                ..good.clone()
+            },
+            "extract_failed",
+            "the extracted tree does not match the revision's manifest: its paths or entry kinds differ"
+                .to_owned(),
+        ),
+        (
+            DeliverRequest {
+                manifest: TreeManifest {
+                    modes: "0".repeat(64),
+                    ..good.manifest.clone()
+                },
+                ..good.clone()
+            },
+            "extract_failed",
+            "the extracted tree does not match the revision's manifest: its file modes or sizes differ"
+                .to_owned(),
         ),
     ];
     for (req, want_code, want_reason) in cases {

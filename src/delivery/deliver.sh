@@ -18,6 +18,10 @@ inflated_cap=@INFLATED_CAP@
 min_space=@MIN_SPACE@
 entries=@ENTRIES@
 verify=@VERIFY@
+# The revision's tree manifest (see "the tree scan" below).
+want_names=@NAMES_SHA@
+want_modes=@MODES_SHA@
+want_content=@CONTENT_SHA@
 
 LC_ALL=C
 export LC_ALL
@@ -27,6 +31,7 @@ umask 022
 exec 3<&0 </dev/null
 
 staging=
+scanp=
 
 fail() {
 	printf 'ERROR %s %s\n' "$1" "$2"
@@ -71,6 +76,9 @@ cleanup() {
 	if [ -n "$staging" ]; then
 		remove_tree "$staging" 2>/dev/null
 	fi
+	if [ -n "$scanp" ]; then
+		rm -f "$scanp".* 2>/dev/null
+	fi
 }
 trap cleanup EXIT
 trap 'fail interrupted "delivery interrupted by a signal"' HUP INT TERM
@@ -103,15 +111,20 @@ mkdir -p "$root" 2>/dev/null
 exec 9>>"$root/.lock"
 flock 9 || fail lock_failed "cannot lock $root/.lock"
 
-# --- the cache-dir scan ---------------------------------------------------
-# A scan prints a deterministic description of a tree; its sha256 is the
-# manifest. `layout`: every entry's kind and name, and mode and size of every
-# file; `content`: kinds and names, and the sha256 of every file. Names are
-# length-prefixed so no name can mimic another line. File arguments are
+# --- the tree scan ------------------------------------------------------
+# A scan hashes three streams of a tree, each with one sha256sum, for the
+# gateway's manifest of the revision (computed from the bundle by the
+# service, `bundle::manifest`; it must match this byte for byte):
+#   names    every entry's kind and path, length-prefixed so no name can
+#            mimic a line: `d 3:dir`, `f 7:dir/a b`
+#   modes    every file's `stat -c '%f %s'` (raw mode in hex, size)
+#   content  every file's sha256 (only when asked: it reads the whole tree)
+# in sh's glob order under LC_ALL=C, depth first. File arguments are
 # collected single-quoted in $acc and handed to one stat/sha256sum call per
-# ~32 KiB of names, not one process per file. A new tree gets both in one
-# walk (`both`: the layout on stdout, the content on fd 4).
+# ~32 KiB of names, not one process per file.
 
+nl='
+'
 acc=
 count=0
 
@@ -130,25 +143,14 @@ quote_append() {
 	acc="$acc '$_out$_rest'"
 }
 
+# flush: modes of the collected files on fd 4, their sha256 lines on fd 5.
 flush() {
 	[ -n "$acc" ] || return 0
-	case $scan_mode in
-	content) eval "sha256sum -- $acc" ;;
-	layout) eval "stat -c '%f %s' -- $acc" ;;
-	*) eval "stat -c '%f %s' -- $acc" && eval "sha256sum -- $acc" >&4 ;;
-	esac
-	_status=$?
-	acc=
-	return $_status
-}
-
-# entry KIND NAME: one entry's line, in both streams of a `both` scan.
-entry() {
-	count=$((count + 1))
-	printf '%s %s:%s\n' "$1" "${#2}" "$2"
-	if [ "$scan_mode" = both ]; then
-		printf '%s %s:%s\n' "$1" "${#2}" "$2" >&4
+	eval "stat -c '%f %s' -- $acc" >&4 || return 1
+	if [ "$scan_content" = yes ]; then
+		eval "sha256sum -- $acc" >&5 || return 1
 	fi
+	acc=
 }
 
 # walk PREFIX: entries under PREFIX ("" or "dir/"), depth first, byte order.
@@ -156,66 +158,89 @@ entry() {
 walk() {
 	for _e in "$1"* "$1".[!.]* "$1"..?*; do
 		if [ -L "$_e" ]; then
-			entry l "$_e"
+			count=$((count + 1))
+			printf 'l %s:%s\n' "${#_e}" "$_e"
 		elif [ -d "$_e" ]; then
-			entry d "$_e"
+			count=$((count + 1))
+			printf 'd %s:%s\n' "${#_e}" "$_e"
 			walk "$_e/" || return 1
 		elif [ -e "$_e" ]; then
-			entry f "$_e"
-			quote_append "$_e"
-			if [ ${#acc} -ge 32768 ]; then
+			count=$((count + 1))
+			printf 'f %s:%s\n' "${#_e}" "$_e"
+			case $_e in
+			*"$nl"*)
+				# sha256sum would print this name over two lines: keep the
+				# order, and hash it on its own from stdin.
 				flush || return 1
-			fi
+				quote_append "$_e"
+				eval "stat -c '%f %s' -- $acc" >&4 || return 1
+				acc=
+				if [ "$scan_content" = yes ]; then
+					sha256sum <"$_e" >&5 || return 1
+				fi
+				;;
+			*)
+				quote_append "$_e"
+				if [ ${#acc} -ge 32768 ]; then
+					flush || return 1
+				fi
+				;;
+			esac
 		fi
 	done
 }
 
-# scan MODE DIR [COUNT-FILE]: prints the sha256 of the scan of DIR.
+# hashes_only: sha256sum's lines without the names (GNU prefixes a line
+# with a backslash when it escapes a name).
+hashes_only() {
+	while read -r _h _; do
+		printf '%s\n' "${_h#\\}"
+	done
+}
+
+# scan DIR yes|no: scans DIR (with content or not) into $scanp.names,
+# .modes, .content (sha256sum lines) and .count (written last, only when
+# the walk succeeded).
 scan() {
-	_sum=$(
-		(
-			cd "$2" || exit 1
-			scan_mode=$1
-			walk "" && flush || exit 1
-			if [ -n "$3" ]; then
-				printf '%s\n' "$count" >"$3" || exit 1
-			fi
-		) 9>&- | sha256sum
-	) || return 1
-	printf '%s\n' "${_sum%% *}"
-}
-
-# scan_both DIR COUNT-FILE CONTENT-FILE: one walk for both manifests of a new
-# tree; prints the layout's sha256 and leaves the content's sha256 (with the
-# file name sha256sum adds) in CONTENT-FILE. COUNT-FILE is written only when
-# the walk succeeded.
-scan_both() {
-	_sum=$(
+	rm -f "$scanp".*
+	{
 		{
-			(
-				cd "$1" || exit 1
-				scan_mode=both
-				walk "" && flush || exit 1
-				printf '%s\n' "$count" >"$2" || exit 1
-			) 4>&1 >&5 | sha256sum >"$3"
-		} 5>&1 9>&- | sha256sum
-	) || return 1
-	printf '%s\n' "${_sum%% *}"
+			{
+				(
+					cd "$1" || exit 1
+					scan_content=$2
+					walk "" && flush || exit 1
+					printf '%s\n' "$count" >"$scanp.count" || exit 1
+				) 4>&1 >&6 5>&7 | sha256sum >"$scanp.modes"
+			} 7>&1 | hashes_only | sha256sum >"$scanp.content"
+		} 6>&1 | sha256sum >"$scanp.names"
+	} 9>&-
 }
 
-# check_cache: is the published dir intact? Sets $why when not.
-check_cache() {
-	why="its manifest is missing"
-	read -r _want <"$cdir/layout" || return 1
-	why="its layout (paths, kinds, modes, sizes) changed"
-	_got=$(scan layout "$cdir/tree") || return 1
-	[ "$_got" = "$_want" ] || return 1
-	[ "$verify" = full ] || return 0
-	why="its content manifest is missing"
-	read -r _want <"$cdir/content" || return 1
-	why="the content of a file changed"
-	_got=$(scan content "$cdir/tree") || return 1
-	[ "$_got" = "$_want" ]
+# tree_matches DIR yes|no: does DIR match the revision's manifest? Sets
+# $scanned (entries seen, or empty) and $why when not.
+tree_matches() {
+	scanned=
+	why="its tree is not a directory"
+	[ -d "$1" ] && [ ! -L "$1" ] || return 1
+	why="the tree could not be scanned"
+	scan "$1" "$2"
+	read -r scanned <"$scanp.count" &&
+		read -r _names _ <"$scanp.names" &&
+		read -r _modes _ <"$scanp.modes" &&
+		read -r _content _ <"$scanp.content"
+	_read=$?
+	rm -f "$scanp".*
+	[ "$_read" = 0 ] || { scanned=; return 1; }
+	why="it has $scanned entries, the revision has $entries"
+	[ "$scanned" = "$entries" ] || return 1
+	why="its paths or entry kinds differ"
+	[ "$_names" = "$want_names" ] || return 1
+	why="its file modes or sizes differ"
+	[ "$_modes" = "$want_modes" ] || return 1
+	[ "$2" = yes ] || return 0
+	why="the content of a file differs"
+	[ "$_content" = "$want_content" ]
 }
 
 # --- under the lock from here on ---------------------------------------
@@ -231,6 +256,8 @@ done
 
 key=$scope-$rev
 cdir=$root/cache/$key
+# Scan results, named so a crashed run's are removed with stale staging.
+scanp=$root/cache/.staging.$$.scan
 ref=$root/refs/$key/$workload/$run
 view=$root/runs/$scope/$workload/$run
 
@@ -243,7 +270,9 @@ done
 
 cached=false
 if [ -d "$cdir" ] && [ ! -L "$cdir" ]; then
-	if check_cache; then
+	hit_content=no
+	[ "$verify" = full ] && hit_content=yes
+	if tree_matches "$cdir/tree" "$hit_content"; then
 		cached=true
 	else
 		printf 'context delivery: cache dir %s failed verification: %s; delivering it again\n' "$key" "$why" >&2
@@ -323,21 +352,19 @@ else
 		fail_io "$err" "extracting the bundle"
 	rm -f "$staging/bundle.tar"
 
-	# Read-only first: the manifest records the modes the runs will see.
+	# Read-only first: the manifest has the modes the runs will see. The
+	# tar was the pinned one, so the content needs no second read; the
+	# layout (cheap: no file is read) proves tar made every entry as it is.
 	chmod -R a-w "$staging/tree" || fail write_failed "cannot make the tree read-only"
-	lay=$(scan_both "$staging/tree" "$staging/count" "$staging/content.sum") ||
-		fail write_failed "cannot record the manifest"
-	read -r n <"$staging/count" || fail write_failed "cannot record the manifest"
-	read -r con _ <"$staging/content.sum" || fail write_failed "cannot record the manifest"
-	rm -f "$staging/count" "$staging/content.sum"
-	[ "$n" -le "$entries" ] ||
-		fail too_many_entries "the bundle has $n entries, more than the recorded $entries"
-	[ "$n" -eq "$entries" ] ||
-		fail extract_failed "extracted $n of $entries entries"
-	err=$({ printf '%s\n' "$lay" >"$staging/layout" && printf '%s\n' "$con" >"$staging/content"; } 2>&1) ||
-		fail_io "$err" "writing the manifest"
-	chmod a-w "$staging" "$staging/layout" "$staging/content" ||
-		fail write_failed "cannot make the cache dir read-only"
+	if ! tree_matches "$staging/tree" no; then
+		[ -n "$scanned" ] || fail write_failed "cannot scan the extracted tree"
+		[ "$scanned" -le "$entries" ] ||
+			fail too_many_entries "the bundle has $scanned entries, more than the recorded $entries"
+		[ "$scanned" -eq "$entries" ] ||
+			fail extract_failed "extracted $scanned of $entries entries"
+		fail extract_failed "the extracted tree does not match the revision's manifest: $why"
+	fi
+	chmod a-w "$staging" || fail write_failed "cannot make the cache dir read-only"
 	if [ -e "$cdir" ] || [ -L "$cdir" ]; then
 		fail write_failed "$cdir appeared while the lock was held"
 	fi

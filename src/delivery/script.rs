@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::bundle::TreeManifest;
 use crate::workload::names::is_valid_name;
 
 /// The deliver script template (`sh -c`), see the module docs.
@@ -101,6 +102,10 @@ pub struct DeliverRequest {
     pub inflated_bytes: u64,
     /// Entries (files and directories) of the canonical tar.
     pub entries: u64,
+    /// The extracted tree's manifest, as the gateway computed it from the
+    /// bundle: cold deliveries check the extracted tree and cache hits
+    /// check the cached one against it.
+    pub manifest: TreeManifest,
     /// How a cache hit is verified.
     pub verify: Verify,
 }
@@ -303,6 +308,14 @@ pub fn render_deliver(req: &DeliverRequest) -> Result<String, ScriptError> {
         SIZE_RULE,
     )?;
     check(req.entries <= MAX_SHELL_INT, "entries", COUNT_RULE)?;
+    let m = &req.manifest;
+    for (value, field) in [
+        (&m.names, "manifest.names"),
+        (&m.modes, "manifest.modes"),
+        (&m.content, "manifest.content"),
+    ] {
+        check(is_lower_hex(value, 64), field, DIGEST_RULE)?;
+    }
     Ok(fill(
         DELIVER_TEMPLATE,
         &[
@@ -323,6 +336,9 @@ pub fn render_deliver(req: &DeliverRequest) -> Result<String, ScriptError> {
             ),
             ("ENTRIES", req.entries.to_string()),
             ("VERIFY", req.verify.as_script_word().to_owned()),
+            ("NAMES_SHA", m.names.clone()),
+            ("MODES_SHA", m.modes.clone()),
+            ("CONTENT_SHA", m.content.clone()),
         ],
     ))
 }
@@ -420,8 +436,23 @@ mod tests {
             bundle_bytes: 10,
             inflated_bytes: 20,
             entries: 3,
+            manifest: TreeManifest {
+                names: "c".repeat(64),
+                modes: "d".repeat(64),
+                content: "e".repeat(64),
+                entries: 3,
+            },
             verify: Verify::Full,
         }
+    }
+
+    #[test]
+    fn manifest_digests_are_checked() {
+        let mut r = req();
+        r.manifest.modes = "D".repeat(64);
+        assert_eq!(render_deliver(&r).unwrap_err().field(), "manifest.modes");
+        let s = render_deliver(&req()).unwrap();
+        assert!(s.contains(&format!("\nwant_content='{}'\n", "e".repeat(64))));
     }
 
     #[test]

@@ -225,6 +225,11 @@ impl DeliveryService {
         let inner = &self.inner;
         let scope = scope.to_owned();
         let revision = self.active_revision(owner, workload).await?;
+        let manifest = inner
+            .workloads
+            .tree_manifest(owner, workload, &revision)
+            .await
+            .map_err(|e| workload_error(workload, e))?;
         let request = DeliverRequest {
             root: inner.settings.root.clone(),
             scope: scope.clone(),
@@ -235,12 +240,15 @@ impl DeliveryService {
             bundle_bytes: revision.bytes,
             inflated_bytes: revision.inflated_bytes,
             entries: revision.entries,
+            manifest,
             verify: input.verify,
         };
         // The same script serves every sandbox of the request.
         let script = render_deliver(&request).map_err(|e| match e.field() {
             "root" | "scope" | "revision" | "bundleDigest" | "bundleBytes" | "inflatedBytes"
-            | "entries" => DeliveryError::Internal(format!("rendering the deliver script: {e}")),
+            | "entries" | "manifest.names" | "manifest.modes" | "manifest.content" => {
+                DeliveryError::Internal(format!("rendering the deliver script: {e}"))
+            }
             _ => invalid(&e.to_string()),
         })?;
         let run_key = (owner.to_owned(), workload.to_owned(), input.run_id.clone());

@@ -72,6 +72,11 @@ pub struct RevisionRecord {
     pub inflated_bytes: u64,
     /// When it was uploaded (ms since the epoch).
     pub uploaded_at_ms: u64,
+    /// The extracted tree's manifest, recorded at activation (deliveries
+    /// check sandbox caches against it); `None` before activation and in
+    /// records from before it was kept (computed on first delivery then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<crate::bundle::TreeManifest>,
 }
 
 /// A workload's metadata.

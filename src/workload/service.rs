@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use super::admission::{UploadGate, UploadLimits};
 use super::names;
 use super::{RecoveryReport, WorkloadError, WorkloadMetrics, WorkloadView};
-use crate::bundle::{Limits, TempBudget};
+use crate::bundle::{manifest_of_bundle, Limits, TempBudget, TreeManifest};
 use crate::cache::{BundleCache, CachedBundle};
 use crate::fsutil;
 use crate::store::{
@@ -276,6 +276,7 @@ impl WorkloadService {
         if !names::is_valid_revision(revision) {
             return Err(WorkloadError::RevisionInvalid(revision.to_owned()));
         }
+        let mut computed: Option<(String, TreeManifest)> = None;
         loop {
             let mut record = self.inner.visible(owner, name).await?;
             match record.status {
@@ -307,6 +308,16 @@ impl WorkloadService {
                 }
                 Some(c) => c,
             };
+            let mut candidate = candidate;
+            if candidate.tree.is_none() {
+                // Once per activation, also when a lost race loops back here.
+                let tree = match &computed {
+                    Some((digest, tree)) if *digest == candidate.bundle_digest => tree.clone(),
+                    _ => self.compute_tree(&candidate).await?,
+                };
+                computed = Some((candidate.bundle_digest.clone(), tree.clone()));
+                candidate.tree = Some(tree);
+            }
             record.active = Some(candidate);
             record.status = WorkloadStatus::Ready;
             record.updated_at_ms = now_ms();
@@ -344,6 +355,51 @@ impl WorkloadService {
             Some(active) if active.revision == revision => Ok(active),
             _ => Err(WorkloadError::RevisionNotFound(revision.to_owned())),
         }
+    }
+
+    /// The tree manifest of a located revision: the one recorded at
+    /// activation, or (for revisions activated before manifests were
+    /// recorded) computed from the bundle now and recorded if the revision
+    /// is still active.
+    pub async fn tree_manifest(
+        &self,
+        owner: &str,
+        name: &str,
+        revision: &RevisionRecord,
+    ) -> Result<TreeManifest, WorkloadError> {
+        if let Some(tree) = &revision.tree {
+            return Ok(tree.clone());
+        }
+        let tree = self.compute_tree(revision).await?;
+        let mut record = self.inner.visible(owner, name).await?;
+        if let Some(active) = record.active.as_mut() {
+            if active.bundle_digest == revision.bundle_digest && active.tree.is_none() {
+                active.tree = Some(tree.clone());
+                let store = self.inner.store.clone();
+                // Best effort: a lost race only means computing it again.
+                let _ = blocking(move || match store.replace_workload(&record, None) {
+                    Ok(_) | Err(StoreError::Conflict | StoreError::NotFound) => Ok(()),
+                    Err(e) => Err(e.into()),
+                })
+                .await;
+            }
+        }
+        Ok(tree)
+    }
+
+    /// Reads the revision's bundle from its blob and computes its tree
+    /// manifest (inflate and hash every file: ~0.1 s for 64 MiB).
+    async fn compute_tree(&self, revision: &RevisionRecord) -> Result<TreeManifest, WorkloadError> {
+        let path = self.inner.blobs.path(&revision.bundle_digest)?;
+        let digest = revision.bundle_digest.clone();
+        blocking(move || {
+            let file = std::fs::File::open(&path)
+                .map_err(|e| WorkloadError::Internal(format!("opening bundle {digest}: {e}")))?;
+            manifest_of_bundle(file).map_err(|e| {
+                WorkloadError::Internal(format!("the tree manifest of bundle {digest}: {e}"))
+            })
+        })
+        .await
     }
 
     /// Opens a located revision's bundle through the cache.

@@ -97,6 +97,7 @@ impl WorkloadService {
             bundle_encoding,
             inflated_bytes: inspection.inflated_bytes,
             uploaded_at_ms: now_ms(),
+            tree: None,
         };
         let name = ticket.name.clone();
         let inner = self.inner.clone();
