@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use redb::{Database, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use reqwest::header;
 use serde_json::{json, Value};
 
@@ -210,6 +210,53 @@ async fn a_previous_version_data_dir_is_migrated_once() {
         // Restart: the migration does not run twice.
         server = server.restart().await;
     }
+
+    // Its revision was activated before tree manifests were recorded: the
+    // first delivery computes and records it, and the second is a verified
+    // hit against the recorded one (also after a restart).
+    let alice = Caller::user(&server, "alice");
+    let body = json!({"name": "p", "replicas": 1,
+        "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
+    json_of(alice.post("/v1/sandbox-pools", &body).await, 201).await;
+    let pool = json_of(
+        alice
+            .get("/v1/sandbox-pools/p?wait=ready&timeout=30s")
+            .await,
+        200,
+    )
+    .await;
+    let sandbox = pool["sandboxes"][0]["name"].as_str().unwrap().to_owned();
+    for (run, cached) in [("r1", false), ("r2", true)] {
+        let alice = Caller::user(&server, "alice");
+        let body = json!({"runId": run, "sandbox": sandbox});
+        let resp = alice.post("/v1/workloads/docs/deliveries", &body).await;
+        assert_eq!(resp.status(), 201);
+        let done: Value = resp.json().await.unwrap();
+        assert_eq!(done["deliveries"][0]["cached"], cached, "{run}: {done}");
+        if run == "r1" {
+            server = server.restart().await;
+        }
+    }
+    server.stop().await;
+    let stored = {
+        let db = Database::open(dir.path().join("store/meta.redb")).unwrap();
+        let txn = db.begin_read().unwrap();
+        let table = txn.open_table(WORKLOADS).unwrap();
+        let found: Vec<Value> = table
+            .iter()
+            .unwrap()
+            .map(|kv| serde_json::from_slice(kv.unwrap().1.value()).unwrap())
+            .filter(|r: &Value| r["name"] == "docs")
+            .collect();
+        found
+    };
+    assert_eq!(stored.len(), 1);
+    let tree = &stored[0]["active"]["tree"];
+    assert!(
+        tree["names"].is_string() && tree["content"].is_string(),
+        "{tree}"
+    );
+    let server = TestServer::start_in(dir.path(), |_| {}).await;
 
     // The grant issued by the previous version still uploads (its owner
     // was migrated with the workload), once.
