@@ -197,7 +197,10 @@ fn walk(dirs: &mut HashMap<String, Vec<(String, Kind)>>, dir: &str, out: &mut St
 mod tests {
     use super::*;
 
-    fn tar_of(entries: &[(&str, Option<(&[u8], u32)>)]) -> Vec<u8> {
+    /// A file's content and mode; `None` is a directory.
+    type Content<'a> = Option<(&'a [u8], u32)>;
+
+    fn tar_of(entries: &[(&str, Content<'_>)]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());
         for (path, file) in entries {
             let mut h = tar::Header::new_ustar();
