@@ -28,10 +28,9 @@
 //! ```text
 //! .lock                                  flock(1) target; every step runs under it
 //! cache/<scope>-<revision>/tree/…        the published read-only tree
-//! cache/<scope>-<revision>/layout        sha256 of the layout scan (paths, kinds, modes, sizes)
-//! cache/<scope>-<revision>/content       sha256 of the content scan (paths, kinds, file sha256s)
 //! cache/.staging.<pid>/                  a delivery in progress (removed on failure, or by
 //!                                        the next run if the shell was killed)
+//! cache/.staging.<pid>.scan.*            a scan's digests while it runs (likewise)
 //! refs/<scope>-<revision>/<workload>/<runId>   one empty file per run: the reference
 //! runs/<scope>/<workload>/<runId>        the run's view: symlink ../../../cache/<key>/tree
 //! idle/<scope>/<seq>-<revision>          unreferenced revisions kept by retention, oldest first
@@ -49,11 +48,14 @@
 //! the sha256 of the inflated tar against the revision *before* `tar`
 //! parses a byte of it (the end-to-end pin: the archive is then exactly the
 //! canonical one the service counted, so its entry count and sizes are
-//! known; the extracted tree is still counted and must match). A cache hit
-//! re-scans the tree against the manifest recorded at publish: by default
-//! every path, kind, file mode and size ([`Verify::Default`]; a same-size
-//! edit passes), with [`Verify::Full`] also the sha256 of every file. A
-//! dir that fails is removed and delivered again.
+//! known). The extracted tree is then scanned against the revision's tree
+//! manifest ([`crate::bundle::TreeManifest`], computed by the gateway from
+//! the bundle at activation and passed in the script, never read from the
+//! sandbox): every path, kind, file mode and size, without reading a file
+//! again. A cache hit is scanned against the same manifest: by default
+//! paths, kinds, modes and sizes ([`Verify::Default`]; a same-size edit
+//! passes), with [`Verify::Full`] also the sha256 of every file. A dir that
+//! fails is removed and delivered again.
 //!
 //! # Tools the scripts need
 //!
