@@ -285,17 +285,26 @@ fn padded(size: u64) -> u64 {
 /// The header checksum: the unsigned byte sum with the checksum field read
 /// as spaces (POSIX). tar-rs computes the same thing but does not export it.
 fn header_checksum(block: &[u8; 512]) -> u32 {
-    block
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            if (148..156).contains(&i) {
-                u32::from(b' ')
-            } else {
-                u32::from(*b)
-            }
-        })
-        .sum()
+    // Two plain sums (which vectorise) rather than a per-byte test.
+    let sum = |bytes: &[u8]| bytes.iter().map(|b| u32::from(*b)).sum::<u32>();
+    sum(block) - sum(&block[148..156]) + 8 * u32::from(b' ')
+}
+
+/// A numeric header field that is plain octal digits up to its first NUL,
+/// read without the tar crate's string handling (most fields of most
+/// archives). `None` for anything else (spaces, base-256, empty): the
+/// caller then asks the tar crate, whose answer this equals where it is
+/// `Some`.
+fn plain_octal(field: &[u8]) -> Option<u64> {
+    let end = field.iter().position(|b| *b == 0).unwrap_or(field.len());
+    let digits = &field[..end];
+    if digits.is_empty() || digits.len() > 21 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, d| match d {
+        b'0'..=b'7' => Some(n << 3 | u64::from(d - b'0')),
+        _ => None,
+    })
 }
 
 impl<R: Read> TarWalker<R> {
@@ -357,6 +366,10 @@ impl<R: Read> TarWalker<R> {
 
     /// Discards `n` bytes that must be present.
     fn skip(&mut self, mut n: u64) -> Result<(), BundleError> {
+        // Most members end on a block boundary: no scratch to zero.
+        if n == 0 {
+            return Ok(());
+        }
         let mut scratch = [0u8; 8192];
         while n > 0 {
             let want = scratch.len().min(usize::try_from(n).unwrap_or(usize::MAX));
@@ -412,9 +425,12 @@ impl<R: Read> TarWalker<R> {
                 return Ok(None);
             }
             let header = tar::Header::from_byte_slice(&block);
-            let stored = header
-                .cksum()
-                .map_err(|e| invalid(None, format!("bad header checksum field: {e}")))?;
+            let stored = match plain_octal(&block[148..156]) {
+                Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
+                None => header
+                    .cksum()
+                    .map_err(|e| invalid(None, format!("bad header checksum field: {e}")))?,
+            };
             if stored != header_checksum(&block) {
                 return Err(invalid(
                     Some(&display_name(&header.path_bytes())),
@@ -422,9 +438,12 @@ impl<R: Read> TarWalker<R> {
                 ));
             }
             let type_flag = block[156];
-            let header_size = header
-                .entry_size()
-                .map_err(|e| invalid(Some(&display_name(&header.path_bytes())), e.to_string()))?;
+            let header_size = match plain_octal(&block[124..136]) {
+                Some(v) => v,
+                None => header.entry_size().map_err(|e| {
+                    invalid(Some(&display_name(&header.path_bytes())), e.to_string())
+                })?,
+            };
             match type_flag {
                 b'x' => {
                     if pending.pax {
@@ -524,12 +543,11 @@ impl<R: Read> TarWalker<R> {
             (None, None) => header.path_bytes().into_owned(),
         };
         let name = display_name(&raw);
-        self.current = Some(name.clone());
         let size = pending.pax_size.unwrap_or(header_size);
         let path = normalize(&raw, &self.limits)?;
         let shown = path
             .as_ref()
-            .map_or(name.clone(), |p| p.as_str().to_owned());
+            .map_or_else(|| name.clone(), |p| p.as_str().to_owned());
         let kind = match type_flag {
             b'0' | b'\0' | b'7' => {
                 if pending.sparse {
@@ -543,9 +561,12 @@ impl<R: Read> TarWalker<R> {
                 if path.is_none() {
                     return Err(BundleError::EmptyPath { entry: name });
                 }
-                let mode = header
-                    .mode()
-                    .map_err(|e| invalid(Some(&shown), e.to_string()))?;
+                let mode = match plain_octal(&header.as_old().mode) {
+                    Some(m) => u32::try_from(m).unwrap_or(u32::MAX),
+                    None => header
+                        .mode()
+                        .map_err(|e| invalid(Some(&shown), e.to_string()))?,
+                };
                 MemberKind::File {
                     exec: mode & 0o100 != 0,
                 }

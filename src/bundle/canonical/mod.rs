@@ -30,14 +30,13 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::thread::{Scope, ScopedJoinHandle};
 
 use flate2::bufread::GzDecoder;
 
 pub use engine::BundleOut;
 
-use engine::{start_hasher, Dest, Engine, Forward, Written};
+use engine::{start_hasher, Dest, Engine, Forward, PieceBuf, Written};
 use pipeline::{is_big, Bundle, Pipeline, RawTap, Shared};
 use writer::{hex, AppendError, CanonicalTar, CHUNK};
 
@@ -290,17 +289,13 @@ fn walk<'scope, R: Read>(
 
     while let Some(member) = walker.next_member()? {
         members += 1;
-        let shown = member
-            .path
-            .as_ref()
-            .map_or_else(|| member.name.clone(), |p| p.as_str().to_owned());
         // The archive root (`./`) is implicit in the canonical tree; it
         // counts once, like every other distinct path.
         let Some(path) = member.path else {
             if !root_seen {
                 root_seen = true;
                 entries += 1;
-                check_entries(entries, limits, &shown)?;
+                check_entries(entries, limits, &member.name)?;
             }
             continue;
         };
@@ -319,7 +314,7 @@ fn walk<'scope, R: Read>(
         // Each distinct path counts once: an explicit directory that arrives
         // after the files that implied it creates nothing new.
         entries += created.len() as u64;
-        check_entries(entries, limits, &shown)?;
+        check_entries(entries, limits, path.as_str())?;
 
         let out_of_order = match (&spec, created.first()) {
             (Some(s), Some(first)) => s.last.as_ref().is_some_and(|last| first <= last),
@@ -453,7 +448,7 @@ fn pack_member<R: Read>(
     let mut left = size;
     while left > 0 {
         let want = usize::try_from(left).unwrap_or(usize::MAX).min(PIECE);
-        let mut piece = Vec::with_capacity(want);
+        let mut piece = PieceBuf::empty();
         let read = walker.data().take(want as u64).read_to_end(&mut piece);
         match read {
             Ok(n) if n == want => {}
@@ -461,7 +456,7 @@ fn pack_member<R: Read>(
             Err(e) => return Err(walker.cause(e)),
         }
         spool.append(&piece).map_err(storage)?;
-        let piece = Arc::new(piece);
+        let piece = PieceBuf::share(piece);
         dispatch
             .with(|d| d.piece(piece.clone(), prev.take(), Dest::Pack(key)))
             .map_err(storage)?;

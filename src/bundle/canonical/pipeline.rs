@@ -20,10 +20,9 @@ use std::collections::HashSet;
 use std::io::{self, Write};
 use std::rc::Rc;
 use std::sync::mpsc::SyncSender;
-use std::sync::Arc;
 
 use super::compare::{Comparator, Side};
-use super::engine::{Dest, Dispatch, Piece};
+use super::engine::{Dest, Dispatch, Piece, PieceBuf};
 use super::pgzip::PIECE;
 
 /// Bytes of pieces kept aside while matching. Uploads that are not
@@ -183,7 +182,7 @@ impl Pipeline {
             speculative: false,
             compare: None,
             raw: None,
-            cur: Vec::with_capacity(PIECE),
+            cur: PieceBuf::empty(),
             prev: None,
             big: None,
             retained: Vec::new(),
@@ -343,7 +342,7 @@ impl Pipeline {
         if self.cur.is_empty() {
             return Ok(());
         }
-        let piece = Arc::new(std::mem::replace(&mut self.cur, Vec::with_capacity(PIECE)));
+        let piece = PieceBuf::share(std::mem::replace(&mut self.cur, PieceBuf::empty()));
         if let Some(h) = &self.hasher {
             h.send(piece.clone()).map_err(|_| hasher_gone())?;
         }
