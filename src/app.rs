@@ -207,6 +207,7 @@ impl ServeConfig {
                 max_per_owner: self.upload_max_per_owner,
             },
             upload_temp_bytes: self.upload_temp_max_bytes,
+            deflate_threads: self.bundle_threads.into(),
         }
     }
 
