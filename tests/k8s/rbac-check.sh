@@ -41,7 +41,7 @@ declare -A mapped=(
 	["Role extensions.agents.x-k8s.io/sandboxclaims list"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role extensions.agents.x-k8s.io/sandboxclaims watch"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role extensions.agents.x-k8s.io/sandboxwarmpools get"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
-	["Role core/persistentvolumeclaims watch"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
+	["Role core/persistentvolumeclaims watch"]="$pools:shared_pool_mounts_one_rwx_pvc_in_every_sandbox"
 	["Role core/persistentvolumeclaims patch"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
 	["Role core/pods get"]="$delivery:delivery_lifecycle_through_kube_exec"
 	["Role core/pods list"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
@@ -64,17 +64,19 @@ fail() {
 "$kubectl" create --dry-run=client -o json -f "$work/base.yaml" | jq -s . >"$work/base.json" ||
 	fail "converting the rendered deploy to JSON"
 
-# kind, name, rule index, apiGroup, resource, verb: one grant a line.
+# kind, name, rule index, apiGroup ("core" for ""), resource, verb: one
+# grant a line (no empty field: read would merge adjacent tabs).
 jq -r '.[] | select(.kind == "Role" or .kind == "ClusterRole") | . as $o
 	| .rules | to_entries[] | .key as $i | .value as $r
 	| if ($r.apiGroups | length) != 1 or ($r.resources | length) != 1
 	  then error("\($o.kind) \($o.metadata.name) rule \($i): one apiGroup and one resource per rule, please")
 	  else . end
 	| $r.verbs[] as $v
-	| [$o.kind, $o.metadata.name, ($i | tostring), $r.apiGroups[0], $r.resources[0], $v] | @tsv' \
+	| [$o.kind, $o.metadata.name, ($i | tostring), ($r.apiGroups[0] | if . == "" then "core" else . end),
+	   $r.resources[0], $v] | @tsv' \
 	"$work/base.json" >"$work/grants.tsv" || fail "reading the rules of the rendered Roles"
 
-key() { echo "$1 ${4:-core}/$5 $6"; }
+key() { echo "$1 $4/$5 $6"; }
 declare -A granted=()
 while IFS=$'\t' read -r kind name idx group resource verb; do
 	k=$(key "$kind" "$name" "$idx" "$group" "$resource" "$verb")
@@ -90,7 +92,7 @@ echo "rbac-check: ${#granted[@]} grants, each mapped to a test"
 forbidden_re() {
 	local group=$1 resource=$2 verb=$3 base sub=
 	case $resource in */*) sub=${resource#*/} resource=${resource%%/*} ;; esac
-	if [ -z "$group" ]; then base="/api/v1/(namespaces/[^/]+/)?$resource"; else base="/apis/$group/[^/]+/(namespaces/[^/]+/)?$resource"; fi
+	if [ "$group" = core ]; then base="/api/v1/(namespaces/[^/]+/)?$resource"; else base="/apis/$group/[^/]+/(namespaces/[^/]+/)?$resource"; fi
 	if [ -n "$sub" ]; then
 		echo "^(GET|POST) $base/[^/?]+/$sub([?]|\$)"
 		return
