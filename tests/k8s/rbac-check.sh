@@ -46,6 +46,7 @@ declare -A mapped=(
 	["Role core/pods get"]="$delivery:delivery_lifecycle_through_kube_exec"
 	["Role core/pods list"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
 	["Role core/pods watch"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
+	["Role core/pods/exec get"]="$delivery:delivery_lifecycle_through_kube_exec"
 	["Role core/pods/exec create"]="$delivery:delivery_lifecycle_through_kube_exec"
 	["ClusterRole core/persistentvolumeclaims create"]="$pools:rbac::named_context_in_another_namespace_uses_the_cluster_role"
 	["ClusterRole core/persistentvolumeclaims get"]="$pools:rbac::named_context_in_another_namespace_uses_the_cluster_role"
