@@ -68,6 +68,10 @@ pub struct BuildOptions {
     /// Applied to the backend's exec port before the delivery service gets
     /// it.
     pub exec_wrapper: Option<ExecWrapper>,
+    /// The `kube` backend's client, instead of the one
+    /// `kube::Client::try_default` builds from the environment (the e2e
+    /// tests run the service as the deploy's ServiceAccount this way).
+    pub kube_client: Option<kube::Client>,
 }
 
 impl FromRef<AppState> for WorkloadService {
@@ -106,7 +110,7 @@ impl AppState {
         let secret = dev::ensure_server_secret(&config.data_dir)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
         let metrics = Metrics::new();
-        let backend = sandbox::open(sandbox_settings(config))
+        let backend = sandbox::open(sandbox_settings(config), options.kube_client.clone())
             .await
             .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
         let quotas = PoolQuotas {
@@ -207,6 +211,7 @@ impl ServeConfig {
                 max_per_owner: self.upload_max_per_owner,
             },
             upload_temp_bytes: self.upload_temp_max_bytes,
+            deflate_threads: self.bundle_threads.into(),
         }
     }
 

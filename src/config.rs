@@ -197,6 +197,12 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_BUNDLE_MAX_FILE_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub bundle_max_file_bytes: u64,
 
+    /// Deflate threads of each upload's canonical gzip, 1 to 4; `0`: one per
+    /// core, at most 4. The bundle's bytes do not depend on it.
+    #[arg(long, env = "CS_BUNDLE_THREADS", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=4))]
+    pub bundle_threads: u8,
+
     /// Longest time a client may take to send a request's line and headers;
     /// the connection is closed after it. hyper starts this timer whenever
     /// it waits for a request, so it is also how long an idle keep-alive

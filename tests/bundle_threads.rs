@@ -1,24 +1,92 @@
+//! The bundle engine's threads, counted in `/proc/self/task`. Alone in its
+//! test binary so no other test's threads are counted (and its tests take
+//! turns).
+//!
 //! Regression (found by fuzzing with LeakSanitizer): a rejected bundle
 //! used to leave a worker thread running detached after the call returned.
 //! Every thread of the bundle engine (`bundle-deflate`, `bundle-writer`,
-//! `bundle-hash`) must be joined before `canonicalize` returns. Alone in its
-//! test binary so no other test's threads are counted.
+//! `bundle-hash`) must be joined before `canonicalize` returns.
 
 mod common;
 
 use common::{gz, TarBuf};
-use context_service::bundle::{self, CanonicalOptions, Limits};
+use std::io::{self, Write};
+use std::sync::Mutex;
 
-fn engine_threads() -> usize {
+use context_service::bundle::{self, BundleOut, CanonicalOptions, Limits};
+
+/// Held by each test: they count the whole process's threads.
+static ALONE: Mutex<()> = Mutex::new(());
+
+fn threads_named(prefix: &str) -> usize {
     std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
-        .filter(|name| name.trim().starts_with("bundle-"))
+        .filter(|name| name.trim().starts_with(prefix))
         .count()
+}
+
+fn engine_threads() -> usize {
+    threads_named("bundle-")
+}
+
+/// Records the most deflate workers alive while the bundle is written.
+#[derive(Default)]
+struct Sampling {
+    most_deflaters: usize,
+}
+
+impl Write for Sampling {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.most_deflaters = self.most_deflaters.max(threads_named("bundle-deflate"));
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl BundleOut for Sampling {
+    fn restart(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `deflate_threads` (`--bundle-threads`) is how many deflate workers run:
+/// 1 to 4 as asked, more clamped to 4, `0` one per core (at most 4); the
+/// bundle's bytes are the same with any of them.
+#[test]
+fn deflate_workers_follow_the_option() {
+    let _alone = ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Level-6 gzip: not the canonical level 1, so the engine deflates.
+    let input = gz(&TarBuf::new()
+        .file("a", &[1u8; 600_000])
+        .file("b", &[2u8; 600_000])
+        .finish());
+    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+    let mut digests = Vec::new();
+    for (asked, expected) in [(1, 1), (2, 2), (3, 3), (4, 4), (9, 4), (0, cores.min(4))] {
+        let opts = CanonicalOptions {
+            deflate_threads: asked,
+            ..CanonicalOptions::default()
+        };
+        let mut out = Sampling::default();
+        let report = bundle::canonicalize(&input[..], &Limits::default(), &opts, &mut out)
+            .expect("a valid bundle");
+        assert_eq!(out.most_deflaters, expected, "deflate_threads {asked}");
+        digests.push(report.bundle_digest);
+    }
+    digests.dedup();
+    assert_eq!(digests.len(), 1, "{digests:?}");
 }
 
 #[test]
 fn no_worker_thread_outlives_a_call() {
+    let _alone = ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     // The fuzz artifact: a gzip header with a truncated FEXTRA field.
     let artifact: &[u8] = &[
         0x1f, 0x8b, 0x08, 0x14, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x20, 0xff,

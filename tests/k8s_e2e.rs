@@ -25,8 +25,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 mod common;
 
 use common::k8s::{
-    apply, claims, create_warm_pool, dyn_api, ready_replicas, sandboxes, wait_deleted, wait_for,
-    warm_pools, with_namespace, TIMEOUT,
+    apply, claims, create_warm_pool, dyn_api, ready_replicas, sandboxes, timeout, wait_deleted,
+    wait_for, warm_pools, with_namespace,
 };
 
 fn pod_template() -> Value {
@@ -134,10 +134,10 @@ async fn exec_with_stdin(
         Ok::<_, std::io::Error>(out)
     };
     let io = async { tokio::try_join!(write, read) };
-    let ((), stdout) = tokio::time::timeout(TIMEOUT, io)
+    let ((), stdout) = tokio::time::timeout(timeout(), io)
         .await
         .context("exec streams timed out")??;
-    let status = tokio::time::timeout(TIMEOUT, status)
+    let status = tokio::time::timeout(timeout(), status)
         .await
         .context("exec status timed out")?
         .ok_or_else(|| anyhow!("exec ended without a status"))?;

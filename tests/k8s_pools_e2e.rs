@@ -363,7 +363,7 @@ async fn warm_pool_claims_bind_warm_sandboxes_and_release_them() {
             .await?;
         assert_eq!(created.warm_pool_ref.as_deref(), Some("wp"));
         assert_eq!(created.workspace.access_mode, "");
-        let (pool, _) = env.wait_pool("hot", TIMEOUT).await?;
+        let (pool, _) = env.wait_pool("hot", timeout()).await?;
         assert_eq!(pool.status, "ready", "{pool:#?}");
         assert_eq!(pool.ready_replicas, 2);
         // The members are the adopted warm sandboxes, not the claim names.
@@ -604,7 +604,7 @@ async fn racing_creates_from_two_services_make_one_pool() {
         // Each service has its own owner-scope key (its data dir), so only
         // the winner's service shows the pool to the caller.
         let winner = if codes[0] == 201 { &env.server } else { &other };
-        let pool = winner.client(USER).wait_pool("race", TIMEOUT).await?;
+        let pool = winner.client(USER).wait_pool("race", timeout()).await?;
         assert_eq!(pool.status, "ready", "{pool:#?}");
         assert_eq!(pool.ready_replicas, 3);
         assert_eq!(
@@ -866,3 +866,8 @@ fn huge_exponent(quantity: &str) -> bool {
 
 #[path = "k8s_pools_e2e/lifetime.rs"]
 mod lifetime;
+
+// --- the service's identity and the ClusterRole --------------------------------
+
+#[path = "k8s_pools_e2e/rbac.rs"]
+mod rbac;

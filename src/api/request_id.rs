@@ -3,12 +3,16 @@
 //! request's tracing span so that every log line of the request carries it.
 
 use axum::extract::Request;
+use std::time::Duration;
+
 use axum::http::header::HeaderName;
+use axum::http::StatusCode;
 use axum::middleware;
 use axum::Router;
+use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
-use tracing::Level;
+use tracing::{Level, Span};
 
 /// The header.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -26,7 +30,8 @@ pub fn is_usable(id: &[u8]) -> bool {
 /// Wraps `router` (outermost first): unusable inbound ids are dropped, a
 /// missing id is generated, the request runs in an `info` span `request`
 /// with `method`, `path` and `request_id`, which ends with one `info` line
-/// (status, latency), and the answer carries the id.
+/// (status, latency) and, for a `5xx`, one more line ([`log_failure`]), and
+/// the answer carries the id.
 pub fn layer(router: Router) -> Router {
     let trace = TraceLayer::new_for_http()
         .make_span_with(|req: &Request| {
@@ -43,12 +48,27 @@ pub fn layer(router: Router) -> Router {
                 request_id = %id,
             )
         })
-        .on_response(DefaultOnResponse::new().level(Level::INFO));
+        .on_response(DefaultOnResponse::new().level(Level::INFO))
+        .on_failure(log_failure);
     router
         .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
         .layer(trace)
         .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeRequestUuid))
         .layer(middleware::map_request(drop_unusable))
+}
+
+/// A `503` is the service declining work for now (unready, shutting down,
+/// out of temporary space, past a deadline), as `/readyz` answers every
+/// probe during the shutdown grace: `warn`. Other failures are faults:
+/// `error`, as tower-http's default.
+fn log_failure(class: ServerErrorsFailureClass, latency: Duration, _span: &Span) {
+    let latency_ms = latency.as_millis();
+    match class {
+        ServerErrorsFailureClass::StatusCode(StatusCode::SERVICE_UNAVAILABLE) => {
+            tracing::warn!(classification = %class, latency_ms, "service unavailable");
+        }
+        _ => tracing::error!(classification = %class, latency_ms, "response failed"),
+    }
 }
 
 /// Removes inbound ids that are not [`is_usable`], or repeated, so that one

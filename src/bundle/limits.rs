@@ -57,6 +57,10 @@ pub struct CanonicalOptions {
     /// Budget the temporary files (spool, speculative gzip) are charged
     /// to, shared with concurrent calls; `None` is unlimited.
     pub temp_budget: Option<TempBudget>,
+    /// Deflate threads of the canonical gzip, 1 to 4 (more are clamped to
+    /// 4); `0`: one per core, at most 4. The bundle's bytes never depend on
+    /// it.
+    pub deflate_threads: usize,
 }
 
 impl Default for CanonicalOptions {
@@ -67,6 +71,7 @@ impl Default for CanonicalOptions {
             gzip_level: 1,
             temp_dir: None,
             temp_budget: None,
+            deflate_threads: 0,
         }
     }
 }

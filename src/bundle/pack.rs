@@ -66,7 +66,14 @@ pub fn pack_dir<W: Write + Send>(
         entry: Some(path.to_owned()),
     };
     context_layout::verify(&tree, &mut open, &read_err)?;
-    let (emitted, written) = pack_tree(&tree, &mut open, &read_err, opts.gzip_level, out)?;
+    let (emitted, written) = pack_tree(
+        &tree,
+        &mut open,
+        &read_err,
+        opts.gzip_level,
+        opts.deflate_threads,
+        out,
+    )?;
     Ok(Report {
         inspection: Inspection {
             revision: hex(&emitted.revision),

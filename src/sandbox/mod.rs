@@ -36,8 +36,12 @@ pub struct OpenedBackend {
 }
 
 /// Opens the backend `settings` select; a `kube` backend starts its watch
-/// caches here.
-pub async fn open(settings: SandboxSettings) -> anyhow::Result<OpenedBackend> {
+/// caches here and talks through `kube_client` when given, else through
+/// the client the environment configures (in-cluster or `KUBECONFIG`).
+pub async fn open(
+    settings: SandboxSettings,
+    kube_client: Option<::kube::Client>,
+) -> anyhow::Result<OpenedBackend> {
     match settings {
         SandboxSettings::Local(settings) => {
             let backend = Arc::new(local::LocalBackend::open(settings)?);
@@ -47,7 +51,10 @@ pub async fn open(settings: SandboxSettings) -> anyhow::Result<OpenedBackend> {
             })
         }
         SandboxSettings::Kube(settings) => {
-            let backend = kube::KubeBackend::try_default(settings).await?;
+            let backend = match kube_client {
+                Some(client) => kube::KubeBackend::new(client, settings)?,
+                None => kube::KubeBackend::try_default(settings).await?,
+            };
             backend.start_watchers();
             let exec = kube::exec::KubeExec::new(
                 backend.client().clone(),

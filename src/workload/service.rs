@@ -33,6 +33,8 @@ pub struct WorkloadSettings {
     pub uploads: UploadLimits,
     /// Temporary disk all running uploads may hold together, in bytes.
     pub upload_temp_bytes: u64,
+    /// Deflate threads of an upload's canonical gzip (`0`: one per core).
+    pub deflate_threads: usize,
 }
 
 /// Default of [`WorkloadSettings::upload_temp_bytes`]: 4 GiB.
@@ -46,6 +48,7 @@ impl Default for WorkloadSettings {
             limits: Limits::default(),
             uploads: UploadLimits::default(),
             upload_temp_bytes: DEFAULT_UPLOAD_TEMP_BYTES,
+            deflate_threads: 0,
         }
     }
 }

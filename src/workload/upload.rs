@@ -54,6 +54,7 @@ impl WorkloadService {
         let opts = CanonicalOptions {
             temp_dir: Some(self.inner.spool_dir.clone()),
             temp_budget: Some(self.inner.temp_budget.clone()),
+            deflate_threads: self.inner.settings.deflate_threads,
             ..CanonicalOptions::default()
         };
         // The permit moves into the blocking task: if the client goes away,

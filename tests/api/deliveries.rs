@@ -112,6 +112,7 @@ async fn probed_server(adjust: impl FnOnce(&mut ServeConfig)) -> (TestServer, Ar
                 probe: p.clone(),
             })
         })),
+        ..BuildOptions::default()
     };
     (TestServer::start_with_options(adjust, options).await, probe)
 }

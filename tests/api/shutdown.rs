@@ -259,6 +259,26 @@ async fn sigterm_drains_a_slow_download_then_closes_the_store() {
         !store_needed_repair(&data_dir),
         "the store was not closed cleanly"
     );
+    // The grace's 503s on /readyz are expected answers: a warning each,
+    // never an error line.
+    let lines: Vec<Value> = p
+        .logs()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let readyz_503: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["span"]["path"] == "/readyz" && l["fields"]["message"] == "service unavailable"
+        })
+        .collect();
+    assert!(!readyz_503.is_empty(), "{logs}");
+    assert!(
+        readyz_503.iter().all(|l| l["level"] == "WARN"),
+        "{readyz_503:#?}"
+    );
+    let errors: Vec<&Value> = lines.iter().filter(|l| l["level"] == "ERROR").collect();
+    assert!(errors.is_empty(), "{errors:#?}");
 
     // The store reopens with the workload.
     let again = Process::start(&data_dir, &[]);

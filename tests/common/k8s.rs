@@ -8,6 +8,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
+use context_service::app::BuildOptions;
 use context_service::config::BackendKind;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ServiceAccount};
 use kube::api::{
@@ -26,8 +27,17 @@ pub(crate) use context_service::pool::view::Pool;
 #[allow(unused_imports)]
 pub(crate) use context_service::sandbox::kube::crd::{Sandbox, SandboxClaim};
 
-/// Generous: two cores are shared by the whole control plane and cargo.
-pub(crate) const TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a wait may take: 90 s, generous since two cores are shared by
+/// the whole control plane and cargo; `CONTEXT_SERVICE_E2E_TIMEOUT`
+/// (seconds) shortens it where failures are expected
+/// (`tests/k8s/rbac-check.sh`).
+pub(crate) fn timeout() -> Duration {
+    let secs = std::env::var("CONTEXT_SERVICE_E2E_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(90);
+    Duration::from_secs(secs)
+}
 /// Field manager of what the tests arrange directly.
 pub(crate) const FIELD_MANAGER: &str = "context-service-e2e";
 /// Image of the sandbox containers (kwok ignores it).
@@ -128,17 +138,32 @@ pub(crate) async fn start_server(ns: &str) -> TestServer {
 }
 
 /// [`start_server`] after `adjust` changes further settings.
+///
+/// The service talks to the API server as the deploy's ServiceAccount
+/// (token from the TokenRequest API), with the deploy's Roles bound in `ns`
+/// and its ClusterRoles (see [`super::rbac`]), so every e2e test that goes
+/// through the service also proves the RBAC grants what the code uses.
 pub(crate) async fn start_server_with(
     ns: &str,
     adjust: impl FnOnce(&mut context_service::config::ServeConfig),
 ) -> TestServer {
+    let admin = kube_client().await;
+    let client = super::rbac::service_client(&admin, ns)
+        .await
+        .expect("a client as the deploy's ServiceAccount");
     let ns = ns.to_owned();
-    TestServer::start_with(move |cfg| {
-        cfg.backend = BackendKind::Kube;
-        cfg.namespace = ns;
-        cfg.kube_sandbox_image = Some(IMAGE.to_owned());
-        adjust(cfg);
-    })
+    TestServer::start_with_options(
+        move |cfg| {
+            cfg.backend = BackendKind::Kube;
+            cfg.namespace = ns;
+            cfg.kube_sandbox_image = Some(IMAGE.to_owned());
+            adjust(cfg);
+        },
+        BuildOptions {
+            kube_client: Some(client),
+            ..BuildOptions::default()
+        },
+    )
     .await
 }
 
@@ -212,9 +237,10 @@ impl Env {
 
     /// Waits through the API for `ready` and fails on anything else.
     pub(crate) async fn wait_ready(&self, name: &str) -> Result<Pool> {
-        let (pool, _) = self.wait_pool(name, TIMEOUT).await?;
+        let limit = timeout();
+        let (pool, _) = self.wait_pool(name, limit).await?;
         if pool.status != "ready" {
-            bail!("pool {name} is not ready after {TIMEOUT:?}: {pool:#?}");
+            bail!("pool {name} is not ready after {limit:?}: {pool:#?}");
         }
         Ok(pool)
     }
@@ -412,7 +438,7 @@ pub(crate) async fn create_warm_pool(
     Ok(())
 }
 
-/// Polls `check` (every 100 ms, up to [`TIMEOUT`]) until it gives `Ok(value)`;
+/// Polls `check` (every 100 ms, up to [`timeout`]) until it gives `Ok(value)`;
 /// `Err(text)` is the state so far, reported on timeout. For conditions over
 /// lists, where no single-object watch applies.
 pub(crate) async fn poll_until<T, F, Fut>(what: &str, mut check: F) -> Result<T>
@@ -420,12 +446,13 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<std::result::Result<T, String>>>,
 {
-    let deadline = Instant::now() + TIMEOUT;
+    let limit = timeout();
+    let deadline = Instant::now() + limit;
     loop {
         match check().await? {
             Ok(value) => return Ok(value),
             Err(state) if Instant::now() >= deadline => {
-                bail!("timed out after {TIMEOUT:?} waiting for {what}; last state: {state}")
+                bail!("timed out after {limit:?} waiting for {what}; last state: {state}")
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
@@ -443,13 +470,14 @@ pub(crate) async fn wait_for<K>(
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
-    match tokio::time::timeout(TIMEOUT, await_condition(api.clone(), name, cond)).await {
+    let limit = timeout();
+    match tokio::time::timeout(limit, await_condition(api.clone(), name, cond)).await {
         Ok(Ok(Some(obj))) => Ok(obj),
         Ok(Ok(None)) => bail!("{name} was deleted while waiting for {what}"),
         Ok(Err(e)) => Err(e).with_context(|| format!("watching {name} for {what}")),
         Err(_) => {
             let last = api.get_opt(name).await.ok().flatten();
-            bail!("timed out after {TIMEOUT:?} waiting for {name}: {what}; last state: {last:#?}")
+            bail!("timed out after {limit:?} waiting for {name}: {what}; last state: {last:#?}")
         }
     }
 }
@@ -459,8 +487,9 @@ pub(crate) async fn wait_deleted<K>(api: &Api<K>, name: &str) -> Result<()>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
+    let limit = timeout();
     match tokio::time::timeout(
-        TIMEOUT,
+        limit,
         await_condition(api.clone(), name, |o: Option<&K>| o.is_none()),
     )
     .await
@@ -468,7 +497,7 @@ where
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e).with_context(|| format!("watching {name} for deletion")),
         Err(_) => bail!(
-            "{name} still exists after {TIMEOUT:?}: {:#?}",
+            "{name} still exists after {limit:?}: {:#?}",
             api.get_opt(name).await?
         ),
     }

@@ -11,6 +11,8 @@ mod archive;
 mod caller;
 #[cfg(feature = "e2e")]
 pub(crate) mod k8s;
+#[cfg(feature = "e2e")]
+pub(crate) mod rbac;
 pub(crate) mod workload_bundles;
 #[allow(unused_imports)]
 pub(crate) use archive::*;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (cached) and starts the Kubernetes test environment, runs the
-# end-to-end tests against it and always tears it down. Extra arguments go
-# to the test binary, e.g. `tests/k8s/run-e2e.sh --test-threads=2`.
+# end-to-end tests against it and always tears it down. Extra arguments go to the test binaries of the suite, e.g.
+# `tests/k8s/run-e2e.sh --test-threads=2`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 testenv=tests/k8s/testenv.sh
@@ -11,4 +11,10 @@ trap '"$testenv" down' EXIT
 "$testenv" up
 eval "$("$testenv" env)"
 tests/k8s/deploy-check.sh
+# Every service of these tests runs as the deploy's ServiceAccount with the
+# RBAC of deploy/base (tests/common/rbac.rs): this run proves it grants
+# enough, and is the baseline of the removal sweep after it.
 cargo test --locked --features e2e --test k8s_e2e --test k8s_pools_e2e --test k8s_delivery_e2e -- "$@"
+# The converse, tests/k8s/rbac-check.sh (without any one verb a test fails),
+# is not run here yet: two of its 21 removals are still open (see
+# tests/k8s/README.md); run it by hand.

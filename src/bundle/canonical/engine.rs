@@ -275,11 +275,13 @@ pub(crate) struct Engine<'scope> {
 }
 
 impl<'scope> Engine<'scope> {
-    /// Starts the workers and the writer of a bundle at `level` into `out`.
+    /// Starts the workers (see [`deflate_threads`]) and the writer of a
+    /// bundle at `level` into `out`.
     pub(crate) fn start<'env, W: BundleOut>(
         s: &'scope Scope<'scope, 'env>,
         out: &'env mut W,
         level: u32,
+        threads: usize,
         temp_dir: Option<&'env Path>,
         charge: Charge,
     ) -> io::Result<(Dispatch, Self)> {
@@ -288,7 +290,7 @@ impl<'scope> Engine<'scope> {
         let (job_tx, job_rx) = channel::<Job>();
         let job_rx = Arc::new(Mutex::new(job_rx));
         let pool: Pool = Arc::default();
-        let n = deflate_threads();
+        let n = deflate_threads(threads);
         let mut workers = Vec::with_capacity(n);
         for _ in 0..n {
             let jobs = job_rx.clone();
@@ -329,15 +331,15 @@ impl<'scope> Engine<'scope> {
     }
 }
 
-/// Deflate workers: `CS_BUNDLE_THREADS` if set (benchmarks compare 1
-/// with more), else one per core, at most 4. The bundle bytes never depend
+/// Deflate workers: `requested` (`--bundle-threads`; benchmarks compare 1
+/// with more), `0` for one per core; 1 to 4. The bundle bytes never depend
 /// on it.
-fn deflate_threads() -> usize {
-    std::env::var("CS_BUNDLE_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, std::num::NonZero::get))
-        .clamp(1, 4)
+fn deflate_threads(requested: usize) -> usize {
+    match requested {
+        0 => std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
+        n => n,
+    }
+    .clamp(1, 4)
 }
 
 fn worker(level: u32, jobs: &Mutex<Receiver<Job>>, items: &Sender<(u64, Item)>, pool: &Pool) {

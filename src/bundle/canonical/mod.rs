@@ -67,7 +67,7 @@ pub fn encoding(level: u32) -> String {
 /// writing a bundle (so there is no bundle digest; use [`canonicalize`]
 /// for that). File contents are spooled to an unnamed temporary file.
 pub fn inspect<R: Read>(input: R, limits: &Limits) -> Result<Inspection, BundleError> {
-    Ok(run::<R, io::Sink>(input, limits, None, None, &Charge::default())?.inspection())
+    Ok(run::<R, io::Sink>(input, limits, None, 0, None, &Charge::default())?.inspection())
 }
 
 /// The upload path: validates while streaming and writes the bundle to
@@ -87,6 +87,7 @@ pub fn canonicalize<R: Read, W: BundleOut>(
         input,
         limits,
         Some((opts.gzip_level, &mut out)),
+        opts.deflate_threads,
         opts.temp_dir.as_deref(),
         &charge,
     )
@@ -206,15 +207,16 @@ fn run<R: Read, W: BundleOut>(
     input: R,
     limits: &Limits,
     out: Option<(u32, &mut W)>,
+    threads: usize,
     temp_dir: Option<&Path>,
     charge: &Charge,
 ) -> Result<Outcome, BundleError> {
     let level = out.as_ref().map_or(0, |(level, _)| *level);
     std::thread::scope(|s| {
         let engine = match out {
-            Some((level, out)) => {
-                Some(Engine::start(s, out, level, temp_dir, charge.clone()).map_err(storage)?)
-            }
+            Some((level, out)) => Some(
+                Engine::start(s, out, level, threads, temp_dir, charge.clone()).map_err(storage)?,
+            ),
             None => None,
         };
         let (dispatch, engine) = match engine {
@@ -532,20 +534,21 @@ pub(crate) fn emit_tree<'a, 'scope>(
     })
 }
 
-/// Emits `tree` as a canonical bundle at `level` into `out`, in order
-/// (the directory packer).
+/// Emits `tree` as a canonical bundle at `level` with `threads` deflate
+/// workers into `out`, in order (the directory packer).
 pub(crate) fn pack_tree<'a, W: io::Write + Send>(
     tree: &Tree,
     open: &mut context_layout::Opener<'a>,
     read_err: &dyn Fn(&str, io::Error) -> BundleError,
     level: u32,
+    threads: usize,
     out: W,
 ) -> Result<(Emitted, Written), BundleError> {
     let mut out = Forward::new(out);
     std::thread::scope(|s| {
         // The packer spools nothing (emit_tree packs no file ahead).
         let (d, engine) =
-            Engine::start(s, &mut out, level, None, Charge::default()).map_err(storage)?;
+            Engine::start(s, &mut out, level, threads, None, Charge::default()).map_err(storage)?;
         let dispatch = Shared::new(d);
         let emitted = emit_tree(s, tree, open, read_err, Some(&dispatch), &HashSet::new());
         dispatch.close();
