@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (cached) and starts the Kubernetes test environment, runs the
-# end-to-end tests against it and always tears it down. Extra arguments go to the test binaries of the suite, e.g.
-# `tests/k8s/run-e2e.sh --test-threads=2`.
+# end-to-end tests against it and always tears it down. Extra arguments go
+# to the suite's test binaries, e.g. `tests/k8s/run-e2e.sh --test-threads=2`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 testenv=tests/k8s/testenv.sh
