@@ -36,7 +36,7 @@ const READ_ONLY_EXEC: u32 = 0o100_555;
 
 /// The digests of a canonical bundle's extracted tree, as the delivery
 /// scan computes them (module docs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TreeManifest {
     /// sha256 of the names stream (every entry's kind and path).
@@ -45,8 +45,6 @@ pub struct TreeManifest {
     pub modes: String,
     /// sha256 of the content stream (every file's sha256).
     pub content: String,
-    /// Entries: files and directories.
-    pub entries: u64,
 }
 
 /// Why a manifest could not be computed.
@@ -73,7 +71,7 @@ pub fn manifest_of_bundle(bundle: impl Read) -> Result<TreeManifest, ManifestErr
 }
 
 /// Computes the manifest of the canonical tar read from `tar`.
-pub fn manifest_of_tar(tar: impl Read) -> Result<TreeManifest, ManifestError> {
+fn manifest_of_tar(tar: impl Read) -> Result<TreeManifest, ManifestError> {
     // Children of every directory ("" is the root), by name.
     let mut dirs: HashMap<String, Vec<(String, Kind)>> = HashMap::new();
     dirs.insert(String::new(), Vec::new());
@@ -141,7 +139,6 @@ pub fn manifest_of_tar(tar: impl Read) -> Result<TreeManifest, ManifestError> {
         names: hex(&streams.names.finalize()),
         modes: hex(&streams.modes.finalize()),
         content: hex(&streams.content.finalize()),
-        entries: streams.entries,
     })
 }
 
@@ -150,7 +147,6 @@ struct Streams {
     names: Sha256,
     modes: Sha256,
     content: Sha256,
-    entries: u64,
 }
 
 /// The glob group of a name: `*`, `.[!.]*`, `..?*`.
@@ -179,7 +175,6 @@ fn walk(dirs: &mut HashMap<String, Vec<(String, Kind)>>, dir: &str, out: &mut St
         } else {
             format!("{dir}/{name}")
         };
-        out.entries += 1;
         let letter = if matches!(kind, Kind::Dir) { 'd' } else { 'f' };
         out.names
             .update(format!("{letter} {}:{path}\n", path.len()).as_bytes());
@@ -239,7 +234,6 @@ mod tests {
             ("d.f", Some((b"w", 0o644))),
         ]);
         let m = manifest_of_tar(&tar[..]).unwrap();
-        assert_eq!(m.entries, 6);
         assert_eq!(
             m.names,
             sha("f 2:-a\nd 1:d\nf 3:d/e\nf 3:d.f\nf 2:.b\nf 3:..c\n")

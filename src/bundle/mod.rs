@@ -27,7 +27,7 @@ pub use budget::TempBudget;
 pub use canonical::{canonicalize, canonicalize_async, encoding, inspect, BundleOut, AS_UPLOADED};
 pub use error::{BundleError, DeviceKind, LinkKind};
 pub use limits::{CanonicalOptions, Limits};
-pub use manifest::{manifest_of_bundle, manifest_of_tar, ManifestError, TreeManifest};
+pub use manifest::{manifest_of_bundle, ManifestError, TreeManifest};
 pub use pack::pack_dir;
 pub use report::{Inspection, Report};
 

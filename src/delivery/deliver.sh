@@ -147,7 +147,7 @@ quote_append() {
 flush() {
 	[ -n "$acc" ] || return 0
 	eval "stat -c '%f %s' -- $acc" >&4 || return 1
-	if [ "$scan_content" = yes ]; then
+	if [ "$scan_verify" = full ]; then
 		eval "sha256sum -- $acc" >&5 || return 1
 	fi
 	acc=
@@ -175,7 +175,7 @@ walk() {
 				quote_append "$_e"
 				eval "stat -c '%f %s' -- $acc" >&4 || return 1
 				acc=
-				if [ "$scan_content" = yes ]; then
+				if [ "$scan_verify" = full ]; then
 					sha256sum <"$_e" >&5 || return 1
 				fi
 				;;
@@ -198,7 +198,7 @@ hashes_only() {
 	done
 }
 
-# scan DIR yes|no: scans DIR (with content or not) into $scanp.names,
+# scan DIR default|full: scans DIR (full: with content) into $scanp.names,
 # .modes, .content (sha256sum lines) and .count (written last, only when
 # the walk succeeded).
 scan() {
@@ -208,7 +208,7 @@ scan() {
 			{
 				(
 					cd "$1" || exit 1
-					scan_content=$2
+					scan_verify=$2
 					walk "" && flush || exit 1
 					printf '%s\n' "$count" >"$scanp.count" || exit 1
 				) 4>&1 >&6 5>&7 | sha256sum >"$scanp.modes"
@@ -217,7 +217,7 @@ scan() {
 	} 9>&-
 }
 
-# tree_matches DIR yes|no: does DIR match the revision's manifest? Sets
+# tree_matches DIR default|full: does DIR match the revision's manifest? Sets
 # $scanned (entries seen, or empty) and $why when not.
 tree_matches() {
 	scanned=
@@ -238,7 +238,7 @@ tree_matches() {
 	[ "$_names" = "$want_names" ] || return 1
 	why="its file modes or sizes differ"
 	[ "$_modes" = "$want_modes" ] || return 1
-	[ "$2" = yes ] || return 0
+	[ "$2" = full ] || return 0
 	why="the content of a file differs"
 	[ "$_content" = "$want_content" ]
 }
@@ -270,9 +270,7 @@ done
 
 cached=false
 if [ -d "$cdir" ] && [ ! -L "$cdir" ]; then
-	hit_content=no
-	[ "$verify" = full ] && hit_content=yes
-	if tree_matches "$cdir/tree" "$hit_content"; then
+	if tree_matches "$cdir/tree" "$verify"; then
 		cached=true
 	else
 		printf 'context delivery: cache dir %s failed verification: %s; delivering it again\n' "$key" "$why" >&2
@@ -356,7 +354,7 @@ else
 	# tar was the pinned one, so the content needs no second read; the
 	# layout (cheap: no file is read) proves tar made every entry as it is.
 	chmod -R a-w "$staging/tree" || fail write_failed "cannot make the tree read-only"
-	if ! tree_matches "$staging/tree" no; then
+	if ! tree_matches "$staging/tree" default; then
 		[ -n "$scanned" ] || fail write_failed "cannot scan the extracted tree"
 		[ "$scanned" -le "$entries" ] ||
 			fail too_many_entries "the bundle has $scanned entries, more than the recorded $entries"

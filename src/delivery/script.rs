@@ -440,7 +440,6 @@ mod tests {
                 names: "c".repeat(64),
                 modes: "d".repeat(64),
                 content: "e".repeat(64),
-                entries: 3,
             },
             verify: Verify::Full,
         }

@@ -244,12 +244,11 @@ impl DeliveryService {
             verify: input.verify,
         };
         // The same script serves every sandbox of the request.
+        // Only the workload name and the run id come from the caller (both
+        // checked above); any other refused value is the service's own.
         let script = render_deliver(&request).map_err(|e| match e.field() {
-            "root" | "scope" | "revision" | "bundleDigest" | "bundleBytes" | "inflatedBytes"
-            | "entries" | "manifest.names" | "manifest.modes" | "manifest.content" => {
-                DeliveryError::Internal(format!("rendering the deliver script: {e}"))
-            }
-            _ => invalid(&e.to_string()),
+            "workload" | "runId" => invalid(&e.to_string()),
+            _ => DeliveryError::Internal(format!("rendering the deliver script: {e}")),
         })?;
         let run_key = (owner.to_owned(), workload.to_owned(), input.run_id.clone());
         let _run = inner.run_locks.lock(run_key).await;

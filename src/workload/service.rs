@@ -297,7 +297,7 @@ impl WorkloadService {
                 WorkloadStatus::Deleting => return Err(WorkloadError::NotFound(name.to_owned())),
                 WorkloadStatus::AwaitingUpload => {}
             }
-            let candidate = match record.candidate.take() {
+            let mut candidate = match record.candidate.take() {
                 None => {
                     return Err(WorkloadError::RevisionMismatch(format!(
                         "nothing has been uploaded to workload {name:?} yet"
@@ -311,7 +311,6 @@ impl WorkloadService {
                 }
                 Some(c) => c,
             };
-            let mut candidate = candidate;
             if candidate.tree.is_none() {
                 // Once per activation, also when a lost race loops back here.
                 let tree = match &computed {

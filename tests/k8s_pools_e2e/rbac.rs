@@ -85,6 +85,15 @@ async fn named_context_in_another_namespace_uses_the_cluster_role() {
     .await;
 }
 
+/// The body of `resp`, which must have answered `want` (`what` names the
+/// call in the failure).
+async fn body_of(resp: reqwest::Response, want: u16, what: &str) -> Result<String> {
+    let status = resp.status().as_u16();
+    let text = resp.text().await?;
+    ensure!(status == want, "{what} answered {status}: {text}");
+    Ok(text)
+}
+
 async fn context_round_trip(env: &Env, other: &str) -> Result<()> {
     assert!(
         env.server.config().context_quota > 0,
@@ -97,9 +106,7 @@ async fn context_round_trip(env: &Env, other: &str) -> Result<()> {
         .json(&body)
         .send()
         .await?;
-    let status = resp.status().as_u16();
-    let text = resp.text().await?;
-    ensure!(status == 201, "create context answered {status}: {text}");
+    body_of(resp, 201, "create context").await?;
 
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(env.kube.clone(), other);
     let pvc = pvcs.get("context-notes").await?;
@@ -113,18 +120,14 @@ async fn context_round_trip(env: &Env, other: &str) -> Result<()> {
 
     let path = format!("/v1/namespaces/{other}/contexts/notes");
     let resp = env.request(reqwest::Method::GET, &path).send().await?;
-    let status = resp.status().as_u16();
-    let text = resp.text().await?;
-    ensure!(status == 200, "get context answered {status}: {text}");
+    let text = body_of(resp, 200, "get context").await?;
     let got: serde_json::Value = serde_json::from_str(&text)?;
     assert_eq!(got["name"], "notes", "{text}");
     assert_eq!(got["namespace"], other, "{text}");
 
     let list = format!("/v1/namespaces/{other}/contexts");
     let resp = env.request(reqwest::Method::GET, &list).send().await?;
-    let status = resp.status().as_u16();
-    let text = resp.text().await?;
-    ensure!(status == 200, "list contexts answered {status}: {text}");
+    let text = body_of(resp, 200, "list contexts").await?;
     let listed: serde_json::Value = serde_json::from_str(&text)?;
     let names: Vec<&str> = listed["items"]
         .as_array()
@@ -135,12 +138,7 @@ async fn context_round_trip(env: &Env, other: &str) -> Result<()> {
     assert_eq!(names, ["notes"], "{text}");
 
     let resp = env.request(reqwest::Method::DELETE, &path).send().await?;
-    let status = resp.status().as_u16();
-    ensure!(
-        status == 204,
-        "delete context answered {status}: {}",
-        resp.text().await?
-    );
+    body_of(resp, 204, "delete context").await?;
     wait_deleted(&pvcs, "context-notes").await?;
     let resp = Caller::user(&env.server, USER).get(&path).await;
     assert_error(resp, 404, "not_found", "context resource not found").await;
