@@ -777,7 +777,9 @@ async fn bench_pools() {
     }
 }
 
-/// `/readyz` answers `ready` only after asking the Kubernetes API.
+/// `/readyz` answers `ready` only after asking the Kubernetes API and
+/// seeing that every watch cache can list and watch (as the deploy's
+/// ServiceAccount: without `watch` on pods or PVCs it answers `503`).
 #[tokio::test]
 async fn readyz_reaches_the_kubernetes_api() {
     with_env("e2e-ready", |env| async move {

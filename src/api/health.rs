@@ -61,7 +61,8 @@ async fn healthz() -> Response {
 /// Readiness.
 ///
 /// Ready when the sandbox backend answers (the embedded store is opened at
-/// start-up, so a running process has it) and the process is not shutting
+/// start-up, so a running process has it; a cluster backend's API answers
+/// and each of its watch caches can list and watch) and the process is not shutting
 /// down: from the shutdown signal on, `503 shutting_down`, while the
 /// listener still serves for `--shutdown-grace`.
 #[utoipa::path(

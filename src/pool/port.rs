@@ -134,7 +134,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
     }
 
     /// Whether the backend can serve requests now, for `/readyz`. Local
-    /// directories are always there; a cluster backend checks its API.
+    /// directories are always there; a cluster backend checks its API and
+    /// that its watches run.
     async fn check_ready(&self) -> Result<(), BackendError> {
         Ok(())
     }

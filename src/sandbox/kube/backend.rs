@@ -212,7 +212,12 @@ impl KubeBackend {
 #[async_trait::async_trait]
 impl SandboxBackend for KubeBackend {
     async fn check_ready(&self) -> Result<(), BackendError> {
-        self.check_api().await
+        self.check_api().await?;
+        // A cache whose watch cannot run would answer stale pool status.
+        self.caches()?
+            .check_watches()
+            .await
+            .map_err(|e| BackendError::internal("watch the sandbox objects", e))
     }
 
     async fn create_pool(&self, spec: &PoolSpec) -> Result<PoolStatus, BackendError> {

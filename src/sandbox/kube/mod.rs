@@ -4,7 +4,8 @@
 //! - [`crd`]: typed `v1beta1` custom resources;
 //! - [`objects`]: names, labels and manifests (pure builders);
 //! - [`status`]: pool status from objects (pure);
-//! - [`watch`]: reflector caches and change notifications;
+//! - [`watch`]: reflector caches and change notifications, and
+//!   `watch_health`: whether their watches run (for readiness);
 //! - [`backend`]: [`KubeBackend`], the [`crate::pool::SandboxBackend`];
 //!   `create`, `lifecycle` and `contexts` add pool creation, suspend and
 //!   resume, and named contexts to it.
@@ -19,6 +20,7 @@ pub mod objects;
 pub mod settings;
 pub mod status;
 pub mod watch;
+mod watch_health;
 
 #[cfg(test)]
 mod tests;

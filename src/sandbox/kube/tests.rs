@@ -57,6 +57,13 @@ impl Recorded {
         self.query.contains("watch=true")
     }
 
+    /// A readiness probe's list or watch (the reflectors' own ask for no
+    /// limit and a long timeout).
+    fn is_probe(&self) -> bool {
+        query_param(&self.query, "limit").as_deref() == Some("1")
+            || query_param(&self.query, "timeoutSeconds").as_deref() == Some("1")
+    }
+
     /// `METHOD plural[/name]`, for readable order assertions.
     fn line(&self) -> String {
         let verb = match (self.method.as_str(), &self.name) {
@@ -95,6 +102,8 @@ struct State {
     revision: u64,
     requests: Vec<Recorded>,
     faults: Vec<Fault>,
+    /// Plurals whose watches answer `403` (a Role without `watch`).
+    forbidden_watches: Vec<&'static str>,
     watches: Vec<WatchStream>,
 }
 
@@ -182,6 +191,16 @@ impl FakeApi {
         });
     }
 
+    /// Every watch of `plural` answers `403` from now on.
+    fn forbid_watches(&self, plural: &'static str) {
+        self.state().forbidden_watches.push(plural);
+    }
+
+    /// Watches of `plural` work again (the Role was fixed).
+    fn allow_watches(&self, plural: &'static str) {
+        self.state().forbidden_watches.retain(|p| *p != plural);
+    }
+
     fn requests(&self) -> Vec<Recorded> {
         self.state().requests.clone()
     }
@@ -204,6 +223,12 @@ impl FakeApi {
             serde_json::from_slice(&bytes).expect("JSON request body")
         };
         let segments: Vec<&str> = parts.uri.path().split('/').collect();
+        if parts.uri.path() == "/version" {
+            let info = json!({"major": "1", "minor": "36", "gitVersion": "v1.36.3",
+                "gitCommit": "", "gitTreeState": "clean", "buildDate": "", "goVersion": "go1.26",
+                "compiler": "gc", "platform": "linux/amd64"});
+            return respond(StatusCode::OK, &info);
+        }
         let Some(at) = segments.iter().position(|s| *s == "namespaces") else {
             // A list across namespaces: `/api/v1/<plural>`.
             if parts.method == Method::GET {
@@ -264,6 +289,13 @@ impl FakeApi {
             return respond(
                 StatusCode::from_u16(fault.code).expect("code"),
                 &status_body(fault.code, reason, "injected failure"),
+            );
+        }
+        if recorded.is_watch() && state.forbidden_watches.iter().any(|p| *p == plural) {
+            let message = format!("{plural} is forbidden: cannot watch resource \"{plural}\"");
+            return respond(
+                StatusCode::FORBIDDEN,
+                &status_body(403, "Forbidden", &message),
             );
         }
         let key = format!("{namespace}/{plural}");
@@ -1038,6 +1070,99 @@ async fn pool_reads_come_from_the_watch_caches() {
     assert_eq!(status.reason.as_deref(), Some("PodFailed"));
     assert_eq!(status.ready_replicas, 1);
     assert_eq!(status.members[0].pod.as_deref(), Some("sandbox-review-0"));
+}
+
+/// The readiness probes' requests so far.
+fn probes(fake: &FakeApi) -> Vec<String> {
+    fake.requests()
+        .iter()
+        .filter(|r| r.is_probe())
+        .map(Recorded::line)
+        .collect()
+}
+
+/// Waits until the fake has answered `plural`'s watch at least `n` times.
+async fn watched(fake: &FakeApi, plural: &str, n: usize) {
+    let count = || {
+        fake.requests()
+            .iter()
+            .filter(|r| r.is_watch() && r.plural == plural)
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while count() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no watch of {plural}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn readiness_fails_while_a_cache_cannot_watch_and_recovers_when_it_can() {
+    let fake = FakeApi::default();
+    // The Role lacks `watch` on pods: the lists work, so the caches sync
+    // (and kube-runtime keeps serving the first list as if all were well).
+    fake.forbid_watches(PODS);
+    let backend = fake.backend();
+    backend.start_watchers();
+    backend
+        .wait_synced(Duration::from_secs(5))
+        .await
+        .expect("the lists work");
+    watched(&fake, PODS, 1).await;
+    let err = backend
+        .check_ready()
+        .await
+        .expect_err("pods cannot be watched");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("watch the sandbox objects: the pods watch cannot run: ")
+            && text.contains("cannot watch resource \"pods\""),
+        "{text}"
+    );
+    // Asked again, it probes again: still unready.
+    assert!(backend.check_ready().await.is_err());
+
+    // Fixed: the probe's watch starts, so the replica is ready at once,
+    // before the reflector's backed-off retry.
+    fake.allow_watches(PODS);
+    backend
+        .check_ready()
+        .await
+        .expect("ready once pods can be watched");
+    // A proven watch is not probed again.
+    let before = probes(&fake).len();
+    backend.check_ready().await.expect("still ready");
+    assert_eq!(probes(&fake).len(), before, "probed a proven watch");
+}
+
+#[tokio::test]
+async fn readiness_probes_each_watch_once_then_trusts_the_events() {
+    let fake = FakeApi::default();
+    let backend = fake.backend();
+    assert!(
+        backend.check_ready().await.is_err(),
+        "ready with no watch caches"
+    );
+    backend.start_watchers();
+    backend
+        .wait_synced(Duration::from_secs(5))
+        .await
+        .expect("synced");
+    assert!(probes(&fake).is_empty());
+    backend.check_ready().await.expect("ready");
+    // One list and one watch start for each of the five caches (quiet
+    // watches: no event has shown them running).
+    let first = probes(&fake);
+    assert_eq!(first.len(), 10, "{first:?}");
+    for plural in [CLAIMS, SANDBOXES, PVCS, PODS] {
+        assert!(first.contains(&format!("LIST {plural}")), "{first:?}");
+        assert!(first.contains(&format!("WATCH {plural}")), "{first:?}");
+    }
+    backend.check_ready().await.expect("ready");
+    assert_eq!(probes(&fake), first, "probed again");
 }
 
 #[tokio::test]

@@ -23,6 +23,7 @@ use crate::pool::names;
 use super::crd::{Sandbox, SandboxClaim};
 use super::objects::managed_selector;
 use super::status::PoolObjects;
+use super::watch_health::{KindHealth, WatchHealth, WatchUnhealthy};
 
 /// Label the claim controller puts on every Sandbox bound to a claim (cold
 /// or adopted); adopted Sandboxes carry none of our labels.
@@ -38,6 +39,7 @@ pub struct Caches {
     pvcs: Store<PersistentVolumeClaim>,
     pods: Store<Pod>,
     changes: watch::Receiver<u64>,
+    health: WatchHealth,
 }
 
 /// The running watcher tasks; dropping this stops them.
@@ -61,20 +63,19 @@ pub fn start(client: &Client, namespace: &str) -> (Caches, Watchers) {
     let managed = watcher::Config::default().labels(&managed_selector());
     let claimed = watcher::Config::default().labels(CLAIMED_SANDBOX_SELECTOR);
     let mut tasks = Vec::with_capacity(5);
-    let claims =
-        spawn_reflector::<SandboxClaim>(client, namespace, managed.clone(), &changed, &mut tasks);
-    let sandboxes =
-        spawn_reflector::<Sandbox>(client, namespace, managed.clone(), &changed, &mut tasks);
-    let claimed_sandboxes =
-        spawn_reflector::<Sandbox>(client, namespace, claimed, &changed, &mut tasks);
-    let pvcs = spawn_reflector::<PersistentVolumeClaim>(
+    let mut health = WatchHealth::default();
+    let mut spawn = Spawner {
         client,
         namespace,
-        managed.clone(),
-        &changed,
-        &mut tasks,
-    );
-    let pods = spawn_reflector::<Pod>(client, namespace, managed, &changed, &mut tasks);
+        changed: &changed,
+        tasks: &mut tasks,
+        health: Some(&mut health),
+    };
+    let claims = spawn.reflector::<SandboxClaim>(managed.clone());
+    let sandboxes = spawn.reflector::<Sandbox>(managed.clone());
+    let claimed_sandboxes = spawn.reflector::<Sandbox>(claimed);
+    let pvcs = spawn.reflector::<PersistentVolumeClaim>(managed.clone());
+    let pods = spawn.reflector::<Pod>(managed);
     let caches = Caches {
         namespace: namespace.to_string(),
         claims,
@@ -83,6 +84,7 @@ pub fn start(client: &Client, namespace: &str) -> (Caches, Watchers) {
         pvcs,
         pods,
         changes,
+        health,
     };
     (caches, Watchers { tasks })
 }
@@ -113,13 +115,14 @@ impl SelectorWatches {
         // Nobody waits on these changes; the sender only feeds the counter.
         let changed = Arc::new(watch::channel(0u64).0);
         let mut tasks = Vec::with_capacity(1);
-        let store = spawn_reflector::<Sandbox>(
+        let store = Spawner {
             client,
             namespace,
-            watcher::Config::default().labels(selector),
-            &changed,
-            &mut tasks,
-        );
+            changed: &changed,
+            tasks: &mut tasks,
+            health: None,
+        }
+        .reflector::<Sandbox>(watcher::Config::default().labels(selector));
         if let Some(task) = tasks.pop() {
             stores.insert(selector.to_string(), (store.clone(), task));
         }
@@ -139,44 +142,72 @@ impl Drop for SelectorWatches {
     }
 }
 
-/// Spawns a reflector for `K` and returns its store. Every event (and every
-/// re-list) bumps the change counter; errors are logged and retried with
-/// kube-runtime's default backoff.
-fn spawn_reflector<K>(
-    client: &Client,
-    namespace: &str,
-    config: watcher::Config,
-    changed: &Arc<watch::Sender<u64>>,
-    tasks: &mut Vec<JoinHandle<()>>,
-) -> Store<K>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    let (reader, writer) = reflector::store();
-    // Managed fields are large and never read: keep them out of memory.
-    let stream = watcher(api, config)
-        .default_backoff()
-        .modify(|object: &mut K| object.managed_fields_mut().clear());
-    let stream = reflector::reflector(writer, stream);
-    let changed = changed.clone();
-    let kind = K::plural(&()).to_string();
-    tasks.push(tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => changed.send_modify(|generation| *generation = generation.wrapping_add(1)),
-                Err(error) => tracing::warn!(%kind, %error, "watch failed; retrying"),
+/// What every reflector of one set of caches shares.
+struct Spawner<'a> {
+    client: &'a Client,
+    namespace: &'a str,
+    changed: &'a Arc<watch::Sender<u64>>,
+    tasks: &'a mut Vec<JoinHandle<()>>,
+    /// Where each reflector reports whether its watch runs (`None`: the
+    /// on-demand selector caches, which readiness does not depend on).
+    health: Option<&'a mut WatchHealth>,
+}
+
+impl Spawner<'_> {
+    /// Spawns a reflector for `K` and returns its store. Every event (and
+    /// every re-list) bumps the change counter; errors are logged, recorded
+    /// in the health and retried with kube-runtime's default backoff.
+    fn reflector<K>(&mut self, config: watcher::Config) -> Store<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), self.namespace);
+        let health = self.health.as_deref_mut().map(|all| {
+            let kind = KindHealth::new(api.clone(), config.label_selector.clone());
+            all.push(kind.clone());
+            kind
+        });
+        let (reader, writer) = reflector::store();
+        // Managed fields are large and never read: keep them out of memory.
+        let stream = watcher(api, config)
+            .default_backoff()
+            .modify(|object: &mut K| object.managed_fields_mut().clear());
+        let stream = reflector::reflector(writer, stream);
+        let changed = self.changed.clone();
+        let kind = K::plural(&()).to_string();
+        self.tasks.push(tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(event) => {
+                        // Only a running watch applies and deletes; the
+                        // list's events say nothing of the watch after it.
+                        if let (
+                            Some(health),
+                            watcher::Event::Apply(_) | watcher::Event::Delete(_),
+                        ) = (&health, &event)
+                        {
+                            health.watching();
+                        }
+                        changed.send_modify(|generation| *generation = generation.wrapping_add(1));
+                    }
+                    Err(error) => {
+                        if let Some(health) = &health {
+                            health.failed(&error);
+                        }
+                        tracing::warn!(%kind, %error, "watch failed; retrying");
+                    }
+                }
             }
-        }
-    }));
-    reader
+        }));
+        reader
+    }
 }
 
 impl Caches {
@@ -207,6 +238,11 @@ impl Caches {
             Ok(Err(kind)) => Err(CacheError::Stopped(kind)),
             Err(_) => Err(CacheError::NotSynced),
         }
+    }
+
+    /// `Ok` when every cache's watch runs (probing those not known to).
+    pub(super) async fn check_watches(&self) -> Result<(), WatchUnhealthy> {
+        self.health.check().await
     }
 
     /// A receiver that changes whenever any cache changes.
