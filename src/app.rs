@@ -107,7 +107,7 @@ impl AppState {
         make_data_dir_private(config);
         let auth = Arc::new(build_authenticator(config)?);
         let service_token = load_service_token(config)?.map(Arc::new);
-        let secret = dev::ensure_server_secret(&config.data_dir)?;
+        let secret = owner_scope_secret(config)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
         let metrics = Metrics::new();
         let backend = sandbox::open(sandbox_settings(config), options.kube_client.clone())
@@ -323,6 +323,22 @@ fn build_authenticator(config: &ServeConfig) -> anyhow::Result<Authenticator> {
         keys.set_hs256_secret(&secret).with_context(setting)?;
     }
     Ok(Authenticator::new(keys, policy))
+}
+
+/// The owner-scope key: from `--owner-scope-secret-file` (shared by
+/// replicas), else the data dir's own, created on first start.
+fn owner_scope_secret(config: &ServeConfig) -> anyhow::Result<Vec<u8>> {
+    let Some(path) = &config.owner_scope_secret_file else {
+        return Ok(dev::ensure_server_secret(&config.data_dir)?);
+    };
+    let setting = || {
+        format!(
+            "--owner-scope-secret-file/CS_OWNER_SCOPE_SECRET_FILE {}",
+            path.display()
+        )
+    };
+    let contents = std::fs::read(path).with_context(setting)?;
+    Ok(secret::parse_secret_file(&contents).with_context(setting)?)
 }
 
 /// Reads `--service-token-file`, if set; a refused token stops the start.

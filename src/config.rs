@@ -59,6 +59,17 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_HS256_SECRET_FILE")]
     pub hs256_secret_file: Option<PathBuf>,
 
+    /// File holding the owner-scope key: the HMAC key that names owners
+    /// where others can see (Kubernetes labels, folders in shared
+    /// sandboxes). Same format and strength rules as `--hs256-secret-file`.
+    /// Replicas serving the same owners must share it (mount it from a
+    /// Secret). Unset: a random key kept under the data dir
+    /// (`auth/server-secret`); to move such a replica onto a shared key
+    /// without changing its owners' scopes, write `hex:` and that file's
+    /// contents into this one.
+    #[arg(long, env = "CS_OWNER_SCOPE_SECRET_FILE")]
+    pub owner_scope_secret_file: Option<PathBuf>,
+
     /// File holding the service token of the trusted ("Moca") routes
     /// (`/internal/v1/...`, upload capabilities): a caller presenting it as
     /// `Authorization: Bearer <token>` acts for the subject it names in

@@ -33,6 +33,7 @@ mod hardening;
 mod hs256_secret;
 mod monitoring;
 mod openapi;
+mod owner_scope_key;
 mod owners;
 mod pool_lifetime;
 mod pools;
