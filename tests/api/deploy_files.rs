@@ -386,8 +386,5 @@ fn ha_overlay_runs_the_base_pod_on_shared_stores() {
 
     // PostgreSQL's port is let out.
     let ops = ha_patch_ops(&kustomization, "NetworkPolicy");
-    assert!(
-        ops.iter().any(|op| op["value"]["port"] == 5432),
-        "{ops:?}"
-    );
+    assert!(ops.iter().any(|op| op["value"]["port"] == 5432), "{ops:?}");
 }
