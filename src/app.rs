@@ -338,7 +338,7 @@ fn owner_scope_secret(config: &ServeConfig) -> anyhow::Result<Vec<u8>> {
         )
     };
     let contents = std::fs::read(path).with_context(setting)?;
-    Ok(secret::parse_secret_file(&contents).with_context(setting)?)
+    secret::parse_secret_file(&contents).with_context(setting)
 }
 
 /// Reads `--service-token-file`, if set; a refused token stops the start.
