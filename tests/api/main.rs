@@ -40,6 +40,7 @@ mod quotas;
 mod readme_examples;
 mod service;
 mod shutdown;
+mod store_conformance;
 mod token_policy;
 mod trusted_flow;
 mod trusted_support;
