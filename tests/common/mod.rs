@@ -11,6 +11,7 @@ mod archive;
 mod caller;
 #[cfg(feature = "e2e")]
 pub(crate) mod k8s;
+pub(crate) mod postgres;
 #[cfg(feature = "e2e")]
 pub(crate) mod rbac;
 pub(crate) mod workload_bundles;
@@ -116,6 +117,11 @@ impl TestServer {
         // Nothing balances load in front of a test server: stop at once
         // (tests/api/shutdown.rs covers the grace).
         config.shutdown_grace = Duration::ZERO;
+        if postgres::requested() {
+            // One database per data dir, so a server started again on the
+            // same dir finds its records, as with the embedded store.
+            config.database_url = Some(postgres::database_for(data_dir));
+        }
         adjust(&mut config);
         let server = Server::bind_with(&config, &options).await?;
         let addr = server.local_addr().expect("local addr");
