@@ -38,6 +38,7 @@ mod pool_lifetime;
 mod pools;
 mod quotas;
 mod readme_examples;
+mod scale_out;
 mod service;
 mod shutdown;
 mod store_conformance;

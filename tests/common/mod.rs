@@ -140,6 +140,12 @@ impl TestServer {
         })
     }
 
+    /// The same server, now owning `dir` (removed when it is dropped).
+    pub(crate) fn owning(mut self, dir: tempfile::TempDir) -> Self {
+        self._dir = Some(dir);
+        self
+    }
+
     /// The settings the server runs with.
     pub(crate) fn config(&self) -> &ServeConfig {
         &self.config
