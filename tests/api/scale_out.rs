@@ -266,3 +266,28 @@ async fn an_unreachable_database_stops_the_start() {
     };
     assert!(err.contains("metadata database unavailable"), "{err}");
 }
+
+/// `CONTEXT_SERVICE_TEST_DATABASE=postgres` (`make test-postgres`) really
+/// moves test servers' metadata to PostgreSQL, and without it they stay on
+/// the embedded store.
+#[tokio::test]
+async fn test_servers_follow_the_test_database_setting() {
+    let server = TestServer::start().await;
+    let alice = Caller::user(&server, "alice");
+    create(&alice, "where").await;
+    let redb = server.data_dir.join("store/meta.redb");
+    if crate::common::postgres::requested() {
+        let url = server
+            .config()
+            .database_url
+            .clone()
+            .expect("a database URL");
+        assert!(!redb.exists(), "no embedded store beside PostgreSQL");
+        let db = url.expose().rsplit('/').next().unwrap().to_owned();
+        let names = Cluster::shared().psql(&db, "SELECT name FROM cs_workloads");
+        assert_eq!(names, "where");
+    } else {
+        assert!(server.config().database_url.is_none());
+        assert!(redb.exists());
+    }
+}

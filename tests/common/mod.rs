@@ -222,6 +222,13 @@ impl Drop for TestServer {
     }
 }
 
+/// Settings of a test that reads or writes the embedded store's file
+/// itself: it runs on the embedded store even when
+/// `CONTEXT_SERVICE_TEST_DATABASE=postgres` puts the others on PostgreSQL.
+pub(crate) fn embedded_only(config: &mut ServeConfig) {
+    config.database_url = None;
+}
+
 /// Asserts an error response: status, `error` code, and a message fragment.
 pub(crate) async fn assert_error(
     resp: reqwest::Response,
