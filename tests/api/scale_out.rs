@@ -291,3 +291,69 @@ async fn test_servers_follow_the_test_database_setting() {
         assert!(redb.exists());
     }
 }
+
+/// README's scale-out example, run as written against a real PostgreSQL:
+/// `context-service serve` with `CS_DATABASE_URL`, contextctl against it,
+/// and the rows it wrote read back with `psql`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_scale_out_example_runs() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let mut lines = readme.lines();
+    lines
+        .by_ref()
+        .find(|l| l.starts_with("<!-- scale-out:"))
+        .expect("the scale-out example's marker");
+    assert_eq!(lines.next(), Some("```sh"));
+    let block: Vec<&str> = lines.take_while(|l| *l != "```").collect();
+    let block = block.join("\n");
+    assert!(block.contains("context-service serve"), "{block}");
+
+    let url = Cluster::shared().create_database();
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(work.path().join("src/docs")).unwrap();
+    std::fs::write(work.path().join("src/docs/guide.md"), "guide\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_contextctl"))
+        .parent()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg("-ec")
+        .arg(&block)
+        .current_dir(work.path())
+        .env("PATH", path)
+        .env("CS_DATABASE_URL", url.expose())
+        .env("CS_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        .env("CONTEXT_SERVICE_URL", format!("http://127.0.0.1:{port}"))
+        .env("CS_SHUTDOWN_GRACE", "0s")
+        .env_remove("CONTEXT_SERVICE_TOKEN")
+        .env_remove("CS_DATA_DIR")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("the example finishes")
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "README block failed ({}):\n{block}\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.lines().any(|l| l == "shared-docs"),
+        "psql shows the record: {stdout}"
+    );
+    assert!(
+        !work.path().join("replica-a/store/meta.redb").exists(),
+        "no embedded store beside PostgreSQL"
+    );
+}

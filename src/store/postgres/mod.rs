@@ -123,7 +123,17 @@ impl FromStr for DatabaseUrl {
         if !(s.starts_with("postgres://") || s.starts_with("postgresql://")) {
             return Err("expected a postgres:// or postgresql:// URL".to_owned());
         }
-        tokio_postgres::Config::from_str(s).map_err(|e| format!("invalid database URL: {e}"))?;
+        let config = tokio_postgres::Config::from_str(s)
+            .map_err(|e| format!("invalid database URL: {e}"))?;
+        // Connections are plain TCP (or a Unix socket) for now: refuse a
+        // URL that demands TLS rather than fail at every connect.
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(
+                "sslmode=require: TLS to the database is not supported yet; \
+                 reach it over a private network or a local proxy"
+                    .to_owned(),
+            );
+        }
         Ok(Self(s.to_owned()))
     }
 }
@@ -844,6 +854,17 @@ mod tests {
             "postgresql://cs@127.0.0.1/cs?password=***&application_name=x"
         );
         assert!("mysql://x".parse::<DatabaseUrl>().is_err());
+        let err = "postgres://cs@db/cs?sslmode=require"
+            .parse::<DatabaseUrl>()
+            .unwrap_err();
+        assert!(
+            err.contains("TLS to the database is not supported"),
+            "{err}"
+        );
+        // No sslmode (prefer): plain TCP to a loopback server.
+        assert!("postgres://cs@127.0.0.1:5432/cs"
+            .parse::<DatabaseUrl>()
+            .is_ok());
         assert!("postgres://cs@127.0.0.1:notaport/cs"
             .parse::<DatabaseUrl>()
             .is_err());
