@@ -56,6 +56,8 @@ pub(crate) struct Cluster {
     bin: PathBuf,
     /// Stop and remove it on drop (the shared one is left to the watchdog).
     owned: bool,
+    /// fsync on (benchmarks); tests run without it.
+    durable: bool,
 }
 
 static SHARED: OnceLock<Cluster> = OnceLock::new();
@@ -73,6 +75,17 @@ impl Cluster {
 
     /// A new cluster of its own (stopped on drop).
     pub(crate) fn start() -> Cluster {
+        Self::start_with(false)
+    }
+
+    /// A new cluster of its own that syncs its commits to disk, as a
+    /// production server does (for benchmarks against the embedded store,
+    /// which does too).
+    pub(crate) fn start_durable() -> Cluster {
+        Self::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> Cluster {
         let bin = server_bin_dir();
         let dir = make_dir();
         let cluster = Cluster {
@@ -80,6 +93,7 @@ impl Cluster {
             port: 0,
             bin,
             owned: true,
+            durable,
         };
         cluster.init();
         watchdog(&cluster.dir);
@@ -183,12 +197,15 @@ impl Cluster {
     }
 
     fn pg_ctl_start(&self) -> Result<(), String> {
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400 \
-             -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+        let mut options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400",
             self.port,
             path(&self.dir)
         );
+        if !self.durable {
+            // A throwaway cluster: nothing to keep across a power cut.
+            options.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
+        }
         let out = as_server_user(&self.bin.join("pg_ctl"))
             .args(["-D", path(&self.dir.join("data"))])
             .args(["-o", &options, "-l", path(&self.dir.join("log"))])
