@@ -301,6 +301,46 @@ fn grant_is_consumed_exactly_once_across_replicas(f: &mut dyn Fixture) {
     }
 }
 
+/// Threads on two instances each read, change and write back one record
+/// many times: every write that succeeded is counted in the version, so no
+/// update was lost to a concurrent one.
+fn no_update_is_lost_across_replicas(f: &mut dyn Fixture) {
+    let (a, b) = (f.store(), f.replica());
+    let r = record("o", "counter");
+    a.insert_workload(&r, &grant("g", &r, 10), 20).unwrap();
+    let threads = 6;
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                let mut won = 0u64;
+                for _ in 0..20 {
+                    let mut next = store.workload("o", "counter").unwrap().unwrap();
+                    next.updated_at_ms += 1;
+                    match store.replace_workload(&next, None) {
+                        Ok(_) => won += 1,
+                        Err(StoreError::Conflict) => {}
+                        Err(e) => panic!("thread {i}: {e}"),
+                    }
+                }
+                won
+            })
+        })
+        .collect();
+    let won: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let stored = b.workload("o", "counter").unwrap().unwrap();
+    assert!(won >= 1);
+    assert_eq!(
+        stored.version,
+        1 + won,
+        "every successful write counted once"
+    );
+    assert_eq!(stored.updated_at_ms, 1 + won, "and none overwrote another");
+}
+
 fn remove_takes_its_grants(f: &mut dyn Fixture) {
     let store = f.store();
     let r = record("o", "w");
@@ -471,6 +511,7 @@ conformance!(
     quota_holds_across_replicas,
     replace_is_compare_and_swap,
     grant_is_consumed_exactly_once_across_replicas,
+    no_update_is_lost_across_replicas,
     remove_takes_its_grants,
     expired_grants_are_purged,
     owners_migrate_once,
