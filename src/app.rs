@@ -212,6 +212,7 @@ impl ServeConfig {
             },
             upload_temp_bytes: self.upload_temp_max_bytes,
             deflate_threads: self.bundle_threads.into(),
+            database_url: self.database_url.clone(),
         }
     }
 
@@ -357,7 +358,8 @@ fn load_service_token(config: &ServeConfig) -> anyhow::Result<Option<ServiceToke
     Ok(Some(token))
 }
 
-/// Opens the embedded store and runs start-up recovery.
+/// Opens the store (embedded, or PostgreSQL with `--database-url`) and runs
+/// start-up recovery.
 async fn build_workloads(config: &ServeConfig) -> anyhow::Result<WorkloadService> {
     let cache = Arc::new(crate::cache::BundleCache::new(config.cache_bytes));
     let (service, report) =

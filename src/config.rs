@@ -41,6 +41,14 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
 
+    /// Keep workload metadata (workloads, upload grants, delivery runs) in
+    /// this PostgreSQL database instead of the embedded one under the data
+    /// dir, e.g. `postgres://cs:PASSWORD@db:5432/cs`, so that replicas share
+    /// it; migrations run at start. Bundles stay under the data dir. The
+    /// URL carries a password: set it from a Secret. Unset: embedded store.
+    #[arg(long, env = "CS_DATABASE_URL")]
+    pub database_url: Option<crate::store::DatabaseUrl>,
+
     /// Sandbox backend.
     #[arg(long, env = "CS_BACKEND", value_enum, default_value_t = BackendKind::Local)]
     pub backend: BackendKind,

@@ -177,12 +177,15 @@ pub(super) const AUTH: &[ErrorCase] = &[
 /// (`api::limits`), and a failure the client cannot fix.
 pub(super) const BASE: &[ErrorCase] = &[
     case(StatusCode::SERVICE_UNAVAILABLE, "deadline_exceeded"),
+    case(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable"),
     case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
 ];
 
 /// Streaming routes (no deadline): a failure the client cannot fix.
-pub(super) const INTERNAL: &[ErrorCase] =
-    &[case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error")];
+pub(super) const INTERNAL: &[ErrorCase] = &[
+    case(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable"),
+    case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+];
 
 /// A route that reads a request body: it went quiet (`api::limits`).
 pub(super) const BODY: &[ErrorCase] = &[case(StatusCode::REQUEST_TIMEOUT, "request_timeout")];
@@ -417,6 +420,7 @@ mod tests {
             | W::TempSpaceExhausted(_)
             | W::TooLarge(_)
             | W::UploadBroken(_)
+            | W::StoreUnavailable(_)
             | W::Internal(_) => {}
         }
         match p {
@@ -439,6 +443,7 @@ mod tests {
             | D::WorkloadNotReady(_)
             | D::RunConflict { .. }
             | D::Failed { .. }
+            | D::StoreUnavailable(_)
             | D::Internal(_) => {}
         }
         match a {
@@ -506,6 +511,7 @@ mod tests {
             W::TempSpaceExhausted(s()),
             W::TooLarge(s()),
             W::UploadBroken(s()),
+            W::StoreUnavailable(s()),
             W::Internal(s()),
         ]
         .into_iter()
@@ -549,6 +555,7 @@ mod tests {
                     reason: s(),
                     outcomes: Vec::new(),
                 },
+                D::StoreUnavailable(s()),
                 D::Internal(s()),
             ]
             .into_iter()

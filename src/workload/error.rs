@@ -62,6 +62,10 @@ pub enum WorkloadError {
     /// Reading the upload failed (client went away, broken body).
     #[error("reading the upload failed: {0}")]
     UploadBroken(String),
+    /// The metadata database cannot be reached for now; the cause is
+    /// logged, the client is told to retry.
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// A store, disk or task failure.
     #[error("{0}")]
     Internal(String),
@@ -69,7 +73,10 @@ pub enum WorkloadError {
 
 impl From<StoreError> for WorkloadError {
     fn from(e: StoreError) -> Self {
-        WorkloadError::Internal(e.to_string())
+        match e {
+            StoreError::Unavailable(_) => WorkloadError::StoreUnavailable(e.to_string()),
+            _ => WorkloadError::Internal(e.to_string()),
+        }
     }
 }
 

@@ -16,8 +16,8 @@ use crate::bundle::{manifest_of_bundle, Limits, TempBudget, TreeManifest};
 use crate::cache::{BundleCache, CachedBundle};
 use crate::fsutil;
 use crate::store::{
-    BlobStore, MetadataStore, OwnerMigration, RedbStore, RevisionRecord, RunStore, StoreError,
-    WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
+    BlobStore, DatabaseUrl, MetadataStore, OwnerMigration, PostgresStore, RedbStore,
+    RevisionRecord, RunStore, StoreError, WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
 };
 
 /// Tunables of the workload service.
@@ -35,6 +35,9 @@ pub struct WorkloadSettings {
     pub upload_temp_bytes: u64,
     /// Deflate threads of an upload's canonical gzip (`0`: one per core).
     pub deflate_threads: usize,
+    /// Metadata on this PostgreSQL database; `None`: the embedded store
+    /// under the data dir.
+    pub database_url: Option<DatabaseUrl>,
 }
 
 /// Default of [`WorkloadSettings::upload_temp_bytes`]: 4 GiB.
@@ -49,6 +52,7 @@ impl Default for WorkloadSettings {
             uploads: UploadLimits::default(),
             upload_temp_bytes: DEFAULT_UPLOAD_TEMP_BYTES,
             deflate_threads: 0,
+            database_url: None,
         }
     }
 }
@@ -121,8 +125,10 @@ pub(super) async fn blocking<T: Send + 'static>(
 }
 
 impl WorkloadService {
-    /// Opens the embedded store under `data_dir` (`meta.redb`, `blobs/`,
-    /// `tmp/`) and runs start-up recovery before anything is served.
+    /// Opens the store — metadata in `data_dir/store/meta.redb`, or on
+    /// PostgreSQL when [`WorkloadSettings::database_url`] is set; bundles in
+    /// `data_dir/blobs`, spool in `data_dir/tmp` — and runs start-up
+    /// recovery before anything is served.
     pub async fn open(
         data_dir: &Path,
         settings: WorkloadSettings,
@@ -130,17 +136,29 @@ impl WorkloadService {
     ) -> Result<(Self, RecoveryReport), WorkloadError> {
         let data_dir = data_dir.to_owned();
         blocking(move || {
-            let store_dir = data_dir.join("store");
-            fsutil::ensure_dir(&store_dir, 0o700)?;
-            let store = Arc::new(RedbStore::open(&store_dir.join("meta.redb"))?);
+            let (store, runs): (Arc<dyn MetadataStore>, Arc<dyn RunStore>) =
+                match &settings.database_url {
+                    Some(url) => {
+                        // On a blocking thread: connecting and migrating
+                        // block on the store's own runtime.
+                        let store = Arc::new(PostgresStore::connect(url)?);
+                        (store.clone(), store)
+                    }
+                    None => {
+                        let store_dir = data_dir.join("store");
+                        fsutil::ensure_dir(&store_dir, 0o700)?;
+                        let store = Arc::new(RedbStore::open(&store_dir.join("meta.redb"))?);
+                        (store.clone(), store)
+                    }
+                };
             let blobs = BlobStore::open(&data_dir.join("blobs"))?;
             let spool_dir = data_dir.join("tmp");
             fsutil::ensure_dir(&spool_dir, 0o700)?;
             let metrics = WorkloadMetrics::default();
             let service = Self {
                 inner: Arc::new(Inner {
-                    store: store.clone(),
-                    runs: store,
+                    store,
+                    runs,
                     blobs,
                     cache,
                     uploads: Arc::new(UploadGate::new(settings.uploads, metrics.uploads_running())),

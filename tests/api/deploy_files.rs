@@ -142,6 +142,20 @@ fn configmap_sets_every_setting_with_values_serve_accepts() {
     for key in data.keys() {
         assert!(key.starts_with("CS_"), "{key}");
     }
+    // The database URL carries a password: a Secret's, optional (without
+    // it the embedded store is used), never the ConfigMap's.
+    assert!(!data.contains_key("CS_DATABASE_URL"));
+    let database = container["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == "CS_DATABASE_URL"))
+        .expect("CS_DATABASE_URL in the StatefulSet's env");
+    let secret_ref = &database["valueFrom"]["secretKeyRef"];
+    assert_eq!(secret_ref["name"], "context-service-database");
+    assert_eq!(secret_ref["key"], "url");
+    assert_eq!(
+        secret_ref["optional"], true,
+        "the embedded store needs no Secret"
+    );
     // The values are ones `serve` accepts.
     let parsed = Serve::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
     assert_eq!(
