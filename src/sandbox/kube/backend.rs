@@ -341,7 +341,9 @@ impl SandboxBackend for KubeBackend {
             }
             // The end of a create recorded by another replica comes with no
             // watch event: look again then.
+            let pending = status::create_pending(&objects, Timestamp::now());
             let wake = status::creating_until(&objects)
+                .filter(|_| pending)
                 .and_then(|until| Duration::try_from(until.duration_since(Timestamp::now())).ok())
                 .map(|left| (tokio::time::Instant::now() + left + CLOCK_STEP).min(deadline))
                 .unwrap_or(deadline);

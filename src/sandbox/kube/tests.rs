@@ -1250,6 +1250,26 @@ async fn a_create_another_replica_runs_is_provisioning_until_its_window_ends() {
         "{:?}",
         started.elapsed()
     );
+
+    // Within a create's window, a gap is a member deleted since (creates add
+    // members in index order): failed at once.
+    let gap = PoolMeta {
+        name: "gap",
+        creating_until: k8s_openapi::jiff::Timestamp::now()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(60))
+            .ok(),
+        ..meta
+    };
+    let sandbox = objects::sandbox(&settings(), &gap, 1, volume, &record);
+    fake.insert(NS, SANDBOXES, serde_json::to_value(&sandbox).expect("JSON"));
+    let status = loop {
+        match backend.get_pool("gap").await.expect("get") {
+            Some(status) => break status,
+            None => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    };
+    assert_eq!(status.phase, PoolPhase::Failed, "{status:?}");
+    assert_eq!(status.message.as_deref(), Some("1 of 2 sandboxes exist"));
 }
 
 #[tokio::test]

@@ -62,8 +62,7 @@ pub fn pool_status(name: &str, objects: &PoolObjects, creating: bool) -> Option<
         return None;
     }
     // Maybe another replica of the service is creating it.
-    let creating =
-        creating || creating_until(objects).is_some_and(|until| until > Timestamp::now());
+    let creating = creating || create_pending(objects, Timestamp::now());
     Some(if objects.claims.is_empty() {
         direct_status(name, objects, creating)
     } else {
@@ -276,6 +275,28 @@ pub fn creating_until(objects: &PoolObjects) -> Option<Timestamp> {
         .chain(pvcs)
         .filter_map(|a| a.get(names::CREATING_UNTIL_ANNOTATION)?.parse().ok())
         .max()
+}
+
+/// Whether a create recorded on the objects may still be adding members at
+/// `now`: its window has not ended and the members made so far are the
+/// first ones. Creates add members in index order, so a gap is a member
+/// deleted since, which is a failure at once.
+pub fn create_pending(objects: &PoolObjects, now: Timestamp) -> bool {
+    if !creating_until(objects).is_some_and(|until| until > now) {
+        return false;
+    }
+    let mut indices: Vec<u64> = if objects.claims.is_empty() {
+        let names = objects.sandboxes.iter().map(|s| s.name_any());
+        names.map(|name| index_key(&name).0).collect()
+    } else {
+        let names = objects.claims.iter().map(|c| c.name_any());
+        names.map(|name| index_key(&name).0).collect()
+    };
+    indices.sort_unstable();
+    indices
+        .iter()
+        .enumerate()
+        .all(|(position, index)| *index == position as u64)
 }
 
 /// The expiry annotation, when present and readable.
