@@ -282,7 +282,7 @@ pub fn creating_until(objects: &PoolObjects) -> Option<Timestamp> {
 /// first ones. Creates add members in index order, so a gap is a member
 /// deleted since, which is a failure at once.
 pub fn create_pending(objects: &PoolObjects, now: Timestamp) -> bool {
-    if !creating_until(objects).is_some_and(|until| until > now) {
+    if creating_until(objects).is_none_or(|until| until <= now) {
         return false;
     }
     let mut indices: Vec<u64> = if objects.claims.is_empty() {
