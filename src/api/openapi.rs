@@ -231,6 +231,13 @@ pub(super) const BUNDLE_UPLOAD: &[ErrorCase] = &[
     case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
 ];
 
+/// Reading or writing bundle bytes in object storage (`--blob-url`): it is
+/// unreachable, or holds other bytes under a bundle's digest.
+pub(super) const OBJECT_STORAGE: &[ErrorCase] = &[
+    case(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable"),
+    case(StatusCode::BAD_GATEWAY, "bundle_corrupt"),
+];
+
 /// A trusted route (`api::trusted`): the caller is not a platform service
 /// (`WWW-Authenticate: Bearer`), or `X-Context-Subject` is missing or bad.
 pub(super) const TRUSTED_AUTH: &[ErrorCase] = &[
@@ -415,6 +422,8 @@ mod tests {
             | W::TooManyUploads(_)
             | W::UploadInProgress
             | W::TempSpaceExhausted(_)
+            | W::StorageUnavailable(_)
+            | W::BundleCorrupt(_)
             | W::TooLarge(_)
             | W::UploadBroken(_)
             | W::Internal(_) => {}
@@ -504,6 +513,8 @@ mod tests {
             W::TooManyUploads(s()),
             W::UploadInProgress,
             W::TempSpaceExhausted(s()),
+            W::StorageUnavailable(s()),
+            W::BundleCorrupt(s()),
             W::TooLarge(s()),
             W::UploadBroken(s()),
             W::Internal(s()),
