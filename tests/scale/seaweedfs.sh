@@ -4,7 +4,9 @@
 #
 #   tests/scale/seaweedfs.sh build   build `weed` from the Go module proxy (cached)
 #   tests/scale/seaweedfs.sh up      start it and create the test bucket (idempotent)
-#   tests/scale/seaweedfs.sh down    stop what `up` started (safe to repeat)
+#   tests/scale/seaweedfs.sh stop    stop the server, keep its state (`up` restarts it
+#                                    on the same ports, credentials and data)
+#   tests/scale/seaweedfs.sh down    stop what `up` started, remove its state (safe to repeat)
 #   tests/scale/seaweedfs.sh status  show whether it runs
 #   tests/scale/seaweedfs.sh env     print the AWS_* / CONTEXT_SERVICE_TEST_S3_* exports
 #
@@ -104,18 +106,12 @@ s3_curl() {
 	curl -sS -m 10 --aws-sigv4 "aws:amz:$REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$@"
 }
 
-cmd_up() {
-	[ -x "$BIN/weed" ] || die "$BIN/weed is missing; run '$0 build' first"
-	if pid_alive; then
-		return 0
-	fi
+# Fresh ports, credentials and identities file in a new state dir.
+init_state() {
 	rm -rf "$STATE"
 	mkdir -p "$STATE/data"
-	local s3 master volume filer key secret i
+	local s3 key secret p
 	s3=${CONTEXT_SERVICE_SEAWEEDFS_S3_PORT:-$(free_port)}
-	master=$(free_port)
-	volume=$(free_port)
-	filer=$(free_port)
 	key=cs$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 	secret=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 	cat >"$STATE/s3.json" <<EOF
@@ -132,11 +128,33 @@ export AWS_ALLOW_HTTP=true
 export CONTEXT_SERVICE_TEST_S3_BUCKET=$BUCKET
 EOF
 	echo "$s3" >"$STATE/s3.port"
+	# Four distinct ports (each with its gRPC companion at +10000).
+	local ports=("$s3")
+	while [ ${#ports[@]} -lt 4 ]; do
+		p=$(free_port)
+		case " ${ports[*]} " in *" $p "*) ;; *) ports+=("$p") ;; esac
+	done
+	echo "${ports[1]} ${ports[2]} ${ports[3]}" >"$STATE/ports"
+}
+
+cmd_up() {
+	[ -x "$BIN/weed" ] || die "$BIN/weed is missing; run '$0 build' first"
+	if pid_alive; then
+		return 0
+	fi
+	# After `stop`: the same ports, credentials and data (clients keep working).
+	if [ ! -f "$ENVFILE" ] || [ ! -f "$STATE/ports" ] || [ ! -d "$STATE/data" ]; then
+		init_state
+	fi
+	local s3 master volume filer i
+	s3=$(cat "$STATE/s3.port")
+	read -r master volume filer <"$STATE/ports"
 	setsid "$BIN/weed" server -dir="$STATE/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
 		-master.port="$master" -volume.port="$volume" -filer.port="$filer" \
-		-s3 -s3.port="$s3" -s3.config="$STATE/s3.json" -volume.max=5 \
+		-s3 -s3.port="$s3" -s3.config="$STATE/s3.json" -s3.port.iceberg=0 -s3.port.lance=0 \
+		-volume.max=5 -master.resumeState=false \
 		-master.volumeSizeLimitMB=64 \
-		>"$LOGFILE" 2>&1 </dev/null &
+		>>"$LOGFILE" 2>&1 </dev/null &
 	echo $! >"$PIDFILE"
 	for i in $(seq 120); do
 		pid_alive || {
@@ -151,30 +169,51 @@ EOF
 		sleep 0.5
 	done
 	# The gateway answers before the filer has volumes to write to: retry the
-	# bucket creation until it succeeds.
+	# bucket creation until it succeeds (or the bucket is there, after `stop`).
 	for i in $(seq 60); do
 		if s3_curl -f -X PUT "http://127.0.0.1:$s3/$BUCKET" -o /dev/null 2>/dev/null ||
 			s3_curl -f -I "http://127.0.0.1:$s3/$BUCKET" -o /dev/null 2>/dev/null; then
+			break
+		fi
+		[ "$i" = 60 ] && {
+			tail -n 30 "$LOGFILE" >&2
+			die "creating bucket $BUCKET failed"
+		}
+		sleep 0.5
+	done
+	# Ready means writable: the first write waits for the volume server to
+	# register and a volume to grow (seconds; longer after a restart).
+	for i in $(seq 60); do
+		if s3_curl -f -X PUT -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" --data-binary ready \
+			-m 30 "http://127.0.0.1:$s3/$BUCKET/.ready-probe" -o /dev/null 2>/dev/null; then
+			s3_curl -X DELETE "http://127.0.0.1:$s3/$BUCKET/.ready-probe" -o /dev/null 2>/dev/null || true
 			log "S3 on 127.0.0.1:$s3, bucket $BUCKET"
 			return 0
 		fi
 		sleep 0.5
 	done
 	tail -n 30 "$LOGFILE" >&2
-	die "creating bucket $BUCKET failed"
+	die "the S3 server does not accept writes"
 }
 
-cmd_down() {
+cmd_stop() {
 	local pid i
 	if pid_alive; then
 		pid=$(cat "$PIDFILE")
+		# weed's graceful stop takes ~11 s; an outage need not be graceful
+		# (what it acknowledged is in its volume files already).
 		kill "$pid" 2>/dev/null || true
 		for i in $(seq 100); do
 			pid_alive || break
-			[ "$i" = 100 ] && kill -9 "$pid" 2>/dev/null
+			[ "$i" = 20 ] && kill -9 "$pid" 2>/dev/null
 			sleep 0.1
 		done
 	fi
+	rm -f "$PIDFILE"
+}
+
+cmd_down() {
+	cmd_stop
 	rm -rf "$STATE"
 }
 
@@ -199,11 +238,12 @@ cmd_env() {
 case "${1:-}" in
 build) cmd_build ;;
 up) cmd_up ;;
+stop) cmd_stop ;;
 down) cmd_down ;;
 status) cmd_status ;;
 env) cmd_env ;;
 *)
-	echo "usage: $0 build|up|down|status|env" >&2
+	echo "usage: $0 build|up|stop|down|status|env" >&2
 	exit 2
 	;;
 esac
