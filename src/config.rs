@@ -178,7 +178,7 @@ pub struct ServeConfig {
     pub upload_temp_max_bytes: u64,
 
     /// Object storage for bundle bytes, `s3://<bucket>[/<prefix>]`, shared
-    /// by every replica (endpoint, region and credentials from `AWS_*`
+    /// by the replicas that share one metadata store (endpoint, region and credentials from `AWS_*`
     /// variables: `AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
     /// `AWS_SECRET_ACCESS_KEY`). The local blobs under the data dir are then
     /// this replica's copy. Unset: bundles live only under the data dir.

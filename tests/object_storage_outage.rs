@@ -120,6 +120,15 @@ async fn an_outage_answers_503_keeps_serving_local_copies_and_heals_without_a_re
     // `cold` is only in object storage (as on a replica that never used it).
     std::fs::remove_file(local_blob(&server.data_dir, &cold.bundle_digest)).unwrap();
     client.create_workload(Some("later"), None).await.unwrap();
+    let pool = serde_json::json!({"name": "p", "replicas": 1,
+        "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
+    let resp = alice.post("/v1/sandbox-pools", &pool).await;
+    assert_eq!(
+        resp.status().as_u16(),
+        201,
+        "{}",
+        resp.text().await.unwrap()
+    );
 
     seaweedfs(&guard.0, "stop");
 
@@ -157,6 +166,20 @@ async fn an_outage_answers_503_keeps_serving_local_copies_and_heals_without_a_re
     )
     .await;
     assert!(!local_blob(&server.data_dir, &cold.bundle_digest).exists());
+    // A delivery of it fails for its sandbox, saying why.
+    let resp = alice
+        .post(
+            "/v1/workloads/cold/deliveries",
+            &serde_json::json!({"runId": "run-1", "sandbox": "sandbox-p-0"}),
+        )
+        .await;
+    assert_error(
+        resp,
+        502,
+        "delivery_failed",
+        "object storage holding bundles is unavailable",
+    )
+    .await;
     for rev in [small, big] {
         let resp = download(&alice, &rev.name, &rev.revision).await;
         assert_eq!(

@@ -176,7 +176,7 @@ async fn an_existing_key_is_never_overwritten() {
             assert!(
                 m.contains("holds 10 bytes") && m.contains("not overwritten"),
                 "{m}"
-            )
+            );
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

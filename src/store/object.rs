@@ -26,7 +26,9 @@
 //! * **Deletes** happen only in [`ObjectBlobs::deletable`]'s sweep: objects
 //!   no workload names *and* older than a grace period, because another
 //!   replica may be between "written to the object store" and "named in the
-//!   metadata" for a while.
+//!   metadata" for a while. "No workload names it" is read from this
+//!   service's metadata store, so every service sweeping one prefix must
+//!   share that store (with the embedded redb store: one service per prefix).
 //!
 //! Unavailable storage is [`ObjectError::Unavailable`] (the API answers
 //! `503`); requests are retried only briefly so that a client learns of an
@@ -252,8 +254,10 @@ impl ObjectBlobs {
             {
                 Ok(_) => {}
                 // A concurrent writer won: same digest, so same bytes, if its size is right.
-                Err(object_store::Error::AlreadyExists { .. })
-                | Err(object_store::Error::Precondition { .. }) => {
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) => {
                     let found = self.size(digest).await?.unwrap_or_default();
                     return self.existing(digest, found, size);
                 }

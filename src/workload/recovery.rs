@@ -175,7 +175,7 @@ pub(super) fn spawn_object_sweeper(inner: &Arc<Inner>) {
                     "removed bundles no workload names from object storage"
                 ),
                 Err(e) => {
-                    tracing::warn!(error = %e, "sweeping object storage failed; retrying later")
+                    tracing::warn!(error = %e, "sweeping object storage failed; retrying later");
                 }
             }
         }

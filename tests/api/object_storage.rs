@@ -222,6 +222,23 @@ async fn a_tampered_object_is_refused_not_served_nor_kept() {
         !local_blob(&server.data_dir, &digest).exists(),
         "the tampered bytes were kept"
     );
+    // Nor delivered: the sandbox's failure says why.
+    let pool = json!({"name": "p", "replicas": 1,
+        "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
+    let resp = alice.post("/v1/sandbox-pools", &pool).await;
+    assert_eq!(
+        resp.status().as_u16(),
+        201,
+        "{}",
+        resp.text().await.unwrap()
+    );
+    let resp = alice
+        .post(
+            "/v1/workloads/docs/deliveries",
+            &json!({"runId": "run-1", "sandbox": "sandbox-p-0"}),
+        )
+        .await;
+    assert_error(resp, 502, "delivery_failed", "bundle_corrupt: object").await;
     // A truncated object is refused as well.
     raw.delete(&object).await.unwrap();
     raw.put(&object, PutPayload::from(vec![0u8; 10]))

@@ -79,6 +79,17 @@ pid_alive() {
 	[ "${exe%/*}" -ef "$BIN" ]
 }
 
+# Right after `setsid ... &` the pid may still run the forked shell or
+# setsid, not yet weed: that counts as starting, not as dead.
+alive_or_starting() {
+	local exe
+	exe=$(readlink "/proc/$(cat "$PIDFILE")/exe" 2>/dev/null) || return 1
+	case "${exe% (deleted)}" in
+	*/weed) pid_alive ;;
+	*) return 0 ;;
+	esac
+}
+
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # A free port p whose gRPC companion p+10000 (SeaweedFS's default) is free too.
@@ -157,7 +168,7 @@ cmd_up() {
 		>>"$LOGFILE" 2>&1 </dev/null &
 	echo $! >"$PIDFILE"
 	for i in $(seq 120); do
-		pid_alive || {
+		alive_or_starting || {
 			tail -n 30 "$LOGFILE" >&2
 			die "weed exited at start-up"
 		}
