@@ -11,7 +11,7 @@ COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src/bin benches tests \
  && echo 'fn main() {}' > src/bin/context-service.rs \
  && echo 'fn main() {}' > src/bin/contextctl.rs \
- && touch src/lib.rs benches/pools.rs benches/bundle.rs tests/k8s_e2e.rs tests/k8s_pools_e2e.rs \
+ && touch src/lib.rs benches/pools.rs benches/bundle.rs benches/metadata_store.rs tests/k8s_e2e.rs tests/k8s_pools_e2e.rs \
  && cargo build --release --locked --bins \
  && rm -rf src target/release/.fingerprint/context-service-* \
       target/release/deps/context_service-* target/release/deps/libcontext_service-* \

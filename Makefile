@@ -1,4 +1,11 @@
-.PHONY: e2e s3
+.PHONY: e2e s3 test-postgres
+
+# The API tests again with every test server keeping its metadata on
+# PostgreSQL (a throwaway cluster per test process, a database per server;
+# see tests/common/postgres.rs). Tests that read the embedded store's file
+# themselves stay on it.
+test-postgres:
+	CONTEXT_SERVICE_TEST_DATABASE=postgres cargo test --locked --test api
 
 # End-to-end tests against a real control plane (see tests/k8s/README.md).
 e2e:

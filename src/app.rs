@@ -107,7 +107,7 @@ impl AppState {
         make_data_dir_private(config);
         let auth = Arc::new(build_authenticator(config)?);
         let service_token = load_service_token(config)?.map(Arc::new);
-        let secret = dev::ensure_server_secret(&config.data_dir)?;
+        let secret = owner_scope_secret(config)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
         let metrics = Metrics::new();
         let backend = sandbox::open(sandbox_settings(config), options.kube_client.clone())
@@ -214,6 +214,7 @@ impl ServeConfig {
             deflate_threads: self.bundle_threads.into(),
             blob_url: self.blob_url.clone(),
             blob_gc_grace: self.blob_gc_grace,
+            database_url: self.database_url.clone(),
         }
     }
 
@@ -327,6 +328,22 @@ fn build_authenticator(config: &ServeConfig) -> anyhow::Result<Authenticator> {
     Ok(Authenticator::new(keys, policy))
 }
 
+/// The owner-scope key: from `--owner-scope-secret-file` (shared by
+/// replicas), else the data dir's own, created on first start.
+fn owner_scope_secret(config: &ServeConfig) -> anyhow::Result<Vec<u8>> {
+    let Some(path) = &config.owner_scope_secret_file else {
+        return Ok(dev::ensure_server_secret(&config.data_dir)?);
+    };
+    let setting = || {
+        format!(
+            "--owner-scope-secret-file/CS_OWNER_SCOPE_SECRET_FILE {}",
+            path.display()
+        )
+    };
+    let contents = std::fs::read(path).with_context(setting)?;
+    secret::parse_secret_file(&contents).with_context(setting)
+}
+
 /// Reads `--service-token-file`, if set; a refused token stops the start.
 fn load_service_token(config: &ServeConfig) -> anyhow::Result<Option<ServiceToken>> {
     let Some(path) = &config.service_token_file else {
@@ -343,7 +360,8 @@ fn load_service_token(config: &ServeConfig) -> anyhow::Result<Option<ServiceToke
     Ok(Some(token))
 }
 
-/// Opens the embedded store and runs start-up recovery.
+/// Opens the store (embedded, or PostgreSQL with `--database-url`) and runs
+/// start-up recovery.
 async fn build_workloads(config: &ServeConfig) -> anyhow::Result<WorkloadService> {
     let cache = Arc::new(crate::cache::BundleCache::new(config.cache_bytes));
     let (service, report) =

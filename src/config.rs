@@ -41,6 +41,14 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
 
+    /// Keep workload metadata (workloads, upload grants, delivery runs) in
+    /// this PostgreSQL database instead of the embedded one under the data
+    /// dir, e.g. `postgres://cs:PASSWORD@db:5432/cs`, so that replicas share
+    /// it; migrations run at start. Bundles stay under the data dir. The
+    /// URL carries a password: set it from a Secret. Unset: embedded store.
+    #[arg(long, env = "CS_DATABASE_URL")]
+    pub database_url: Option<crate::store::DatabaseUrl>,
+
     /// Sandbox backend.
     #[arg(long, env = "CS_BACKEND", value_enum, default_value_t = BackendKind::Local)]
     pub backend: BackendKind,
@@ -58,6 +66,17 @@ pub struct ServeConfig {
     /// service refuses to start.
     #[arg(long, env = "CS_HS256_SECRET_FILE")]
     pub hs256_secret_file: Option<PathBuf>,
+
+    /// File holding the owner-scope key: the HMAC key that names owners
+    /// where others can see (Kubernetes labels, folders in shared
+    /// sandboxes). Same format and strength rules as `--hs256-secret-file`.
+    /// Replicas serving the same owners must share it (mount it from a
+    /// Secret). Unset: a random key kept under the data dir
+    /// (`auth/server-secret`); to move such a replica onto a shared key
+    /// without changing its owners' scopes, write `hex:` and that file's
+    /// contents into this one.
+    #[arg(long, env = "CS_OWNER_SCOPE_SECRET_FILE")]
+    pub owner_scope_secret_file: Option<PathBuf>,
 
     /// File holding the service token of the trusted ("Moca") routes
     /// (`/internal/v1/...`, upload capabilities): a caller presenting it as

@@ -621,6 +621,94 @@ async fn racing_creates_from_two_services_make_one_pool() {
     .await;
 }
 
+/// Two replicas sharing the owner-scope key (`--owner-scope-secret-file`,
+/// as deploy/overlays/ha runs them) answer alike: while one creates a pool,
+/// the other reports it `provisioning`, never `failed` for the members not
+/// made yet (the create's window is on its objects), and once it is ready
+/// both give the same status; a delete through either is seen by both.
+#[tokio::test]
+async fn replicas_sharing_the_owner_scope_key_agree_on_a_pool_while_it_is_created() {
+    with_env("e2e-twins", |env| async move {
+        let keys = tempfile::tempdir()?;
+        let key = keys.path().join("owner-scope");
+        let bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(71) ^ 0x5a).collect();
+        std::fs::write(&key, format!("hex:{}", hex::encode(bytes)))?;
+        let shared = |c: &mut context_service::config::ServeConfig| {
+            c.owner_scope_secret_file = Some(key.clone());
+        };
+        let a = start_server_with(&env.ns, shared).await;
+        let b = start_server_with(&env.ns, shared).await;
+        let body = json!({"name": "twins", "replicas": 5,
+                          "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
+        let creator = Caller::user(&a, USER);
+        let create = creator.post("/v1/sandbox-pools", &body);
+        // B reads the pool as fast as it can while A creates it.
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let watch = async {
+            let reader = Caller::user(&b, USER);
+            let mut phases = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let resp = reader.get("/v1/sandbox-pools/twins").await;
+                if resp.status() == 200 {
+                    let pool: serde_json::Value = resp.json().await?;
+                    phases.push(pool["status"].as_str().unwrap_or_default().to_owned());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok::<_, anyhow::Error>(phases)
+        };
+        let created = async {
+            let resp = create.await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            resp
+        };
+        let (resp, phases) = tokio::join!(created, watch);
+        ensure!(resp.status() == 201, "create answered {}", resp.status());
+        let phases = phases?;
+        ensure!(!phases.is_empty(), "B never saw the pool during the create");
+        ensure!(
+            phases.iter().all(|p| p == "provisioning"),
+            "B's view during A's create: {phases:?}"
+        );
+
+        let ready_a = a.client(USER).wait_pool("twins", timeout()).await?;
+        let ready_b = b.client(USER).wait_pool("twins", timeout()).await?;
+        ensure!(ready_a.status == "ready", "{ready_a:#?}");
+        let view = |server: &common::TestServer| {
+            let caller = Caller::user(server, USER);
+            async move {
+                let resp = caller.get("/v1/sandbox-pools/twins").await;
+                let status = resp.status();
+                let text = resp.text().await?;
+                Ok::<_, anyhow::Error>((status.as_u16(), text))
+            }
+        };
+        let (from_a, from_b) = (view(&a).await?, view(&b).await?);
+        ensure!(from_a == from_b, "A: {from_a:?}\nB: {from_b:?}");
+        ensure!(ready_b.ready_replicas == 5, "{ready_b:#?}");
+
+        // Deleted through B: A stops showing it.
+        let resp = Caller::user(&b, USER)
+            .delete("/v1/sandbox-pools/twins")
+            .await;
+        ensure!(resp.status() == 204, "delete answered {}", resp.status());
+        let deadline = Instant::now() + timeout();
+        loop {
+            let (status, text) = view(&a).await?;
+            if status == 404 {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "A still answers {status}: {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    })
+    .await;
+}
+
 // --- long poll -----------------------------------------------------------------
 
 /// `?wait=ready` holds until the pool is ready (answering well before its

@@ -11,6 +11,13 @@ use super::error_body::ErrorBody;
 use crate::auth::AuthError;
 use crate::workload::{WorkloadError, UPLOAD_RETRY_AFTER_SECS};
 
+/// Error code of a request that needs the metadata database while it
+/// cannot be reached.
+pub const DATABASE_UNAVAILABLE: &str = "database_unavailable";
+
+/// `Retry-After` of [`DATABASE_UNAVAILABLE`], in seconds.
+pub const DATABASE_RETRY_AFTER_SECS: u32 = 2;
+
 /// An error answered to an API client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
@@ -86,6 +93,18 @@ impl ApiError {
             "internal_error",
             "internal error; see the service log",
         )
+    }
+
+    /// `503 database_unavailable` with a fixed message and `Retry-After`.
+    /// The cause (which may name hosts) is logged here, never sent.
+    pub fn database_unavailable(cause: impl std::fmt::Display) -> Self {
+        tracing::warn!(error = %cause, "metadata database unavailable");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            DATABASE_UNAVAILABLE,
+            "the metadata database is unavailable; retry shortly",
+        )
+        .with_retry_after(DATABASE_RETRY_AFTER_SECS)
     }
 
     /// The HTTP status.
@@ -183,6 +202,7 @@ impl From<WorkloadError> for ApiError {
                 tracing::error!(error = %msg, "stored bundle refused");
                 ApiError::new(StatusCode::BAD_GATEWAY, "bundle_corrupt", msg)
             }
+            W::StoreUnavailable(cause) => ApiError::database_unavailable(cause),
             W::Internal(cause) => ApiError::internal(cause),
         }
     }
@@ -374,6 +394,7 @@ impl From<crate::delivery::DeliveryError> for ApiError {
             D::WorkloadNotReady(_) => Self::new(StatusCode::CONFLICT, "workload_not_ready", msg),
             D::RunConflict { .. } => Self::new(StatusCode::CONFLICT, "run_conflict", msg),
             D::Failed { .. } => Self::new(StatusCode::BAD_GATEWAY, DELIVERY_FAILED, msg),
+            D::StoreUnavailable(cause) => Self::database_unavailable(cause),
             D::Internal(cause) => Self::internal(cause),
         }
     }

@@ -177,12 +177,15 @@ pub(super) const AUTH: &[ErrorCase] = &[
 /// (`api::limits`), and a failure the client cannot fix.
 pub(super) const BASE: &[ErrorCase] = &[
     case(StatusCode::SERVICE_UNAVAILABLE, "deadline_exceeded"),
+    case(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable"),
     case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
 ];
 
 /// Streaming routes (no deadline): a failure the client cannot fix.
-pub(super) const INTERNAL: &[ErrorCase] =
-    &[case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error")];
+pub(super) const INTERNAL: &[ErrorCase] = &[
+    case(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable"),
+    case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+];
 
 /// A route that reads a request body: it went quiet (`api::limits`).
 pub(super) const BODY: &[ErrorCase] = &[case(StatusCode::REQUEST_TIMEOUT, "request_timeout")];
@@ -426,6 +429,7 @@ mod tests {
             | W::BundleCorrupt(_)
             | W::TooLarge(_)
             | W::UploadBroken(_)
+            | W::StoreUnavailable(_)
             | W::Internal(_) => {}
         }
         match p {
@@ -448,6 +452,7 @@ mod tests {
             | D::WorkloadNotReady(_)
             | D::RunConflict { .. }
             | D::Failed { .. }
+            | D::StoreUnavailable(_)
             | D::Internal(_) => {}
         }
         match a {
@@ -517,6 +522,7 @@ mod tests {
             W::BundleCorrupt(s()),
             W::TooLarge(s()),
             W::UploadBroken(s()),
+            W::StoreUnavailable(s()),
             W::Internal(s()),
         ]
         .into_iter()
@@ -560,6 +566,7 @@ mod tests {
                     reason: s(),
                     outcomes: Vec::new(),
                 },
+                D::StoreUnavailable(s()),
                 D::Internal(s()),
             ]
             .into_iter()

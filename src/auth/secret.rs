@@ -1,7 +1,7 @@
-//! The HS256 shared secret: its file format and the strength check it must
-//! pass before it is used.
+//! Secret files (the HS256 shared secret, the owner-scope key): their
+//! format and the strength check a secret must pass before it is used.
 //!
-//! File format (`--hs256-secret-file`):
+//! File format (`--hs256-secret-file`, `--owner-scope-secret-file`):
 //! - `base64:<text>`: the secret is the standard base64 (RFC 4648, padding
 //!   optional) decoding of `<text>`;
 //! - `hex:<text>`: the secret is the hex decoding of `<text>`;
@@ -42,11 +42,11 @@ pub enum SecretError {
         detail: String,
     },
     /// Fewer than [`MIN_SECRET_BYTES`] bytes.
-    #[error("the HS256 secret must be at least {MIN_SECRET_BYTES} bytes; it is {0}")]
+    #[error("the secret must be at least {MIN_SECRET_BYTES} bytes; it is {0}")]
     TooShort(usize),
     /// Fewer than [`MIN_DISTINCT_BYTES`] distinct byte values.
     #[error(
-        "the HS256 secret is trivially guessable: it holds {0} distinct byte values, at least {MIN_DISTINCT_BYTES} are required"
+        "the secret is trivially guessable: it holds {0} distinct byte values, at least {MIN_DISTINCT_BYTES} are required"
     )]
     LowEntropy(usize),
 }

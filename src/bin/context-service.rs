@@ -73,7 +73,7 @@ fn main() -> ExitCode {
 async fn serve(config: ServeConfig) -> anyhow::Result<Weak<dyn MetadataStore>> {
     let server = Server::bind(&config).await?;
     let store = server.state().workloads.store_handle();
-    tracing::info!(addr = %server.local_addr()?, metrics_addr = ?server.metrics_addr()?, data_dir = %config.data_dir.display(), backend = ?config.backend, "listening");
+    tracing::info!(addr = %server.local_addr()?, metrics_addr = ?server.metrics_addr()?, data_dir = %config.data_dir.display(), database = ?config.database_url, backend = ?config.backend, "listening");
     server.run(shutdown_signal()).await?;
     Ok(store)
 }

@@ -47,6 +47,10 @@ pub enum DeliveryError {
         /// Every sandbox's outcome, in target order.
         outcomes: Vec<SandboxOutcome>,
     },
+    /// The metadata database (run registry, workloads) cannot be reached
+    /// for now; logged, the client is told to retry.
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// A store, bundle or task failure; logged, answered generically.
     #[error("{0}")]
     Internal(String),
@@ -54,6 +58,11 @@ pub enum DeliveryError {
 
 impl From<crate::store::StoreError> for DeliveryError {
     fn from(e: crate::store::StoreError) -> Self {
-        DeliveryError::Internal(format!("run registry: {e}"))
+        match e {
+            crate::store::StoreError::Unavailable(_) => {
+                DeliveryError::StoreUnavailable(format!("run registry: {e}"))
+            }
+            _ => DeliveryError::Internal(format!("run registry: {e}")),
+        }
     }
 }

@@ -252,7 +252,8 @@ impl DeliveryService {
         })?;
         let run_key = (owner.to_owned(), workload.to_owned(), input.run_id.clone());
         let _run = inner.run_locks.lock(run_key).await;
-        if let Some(existing) = inner.runs.run(owner, workload, &input.run_id)? {
+        let (o, w, r) = (owner.to_owned(), workload.to_owned(), input.run_id.clone());
+        if let Some(existing) = registry(&inner.runs, move |runs| runs.run(&o, &w, &r)).await? {
             if existing.revision != revision.revision {
                 return Err(DeliveryError::RunConflict {
                     run: input.run_id.clone(),
@@ -314,7 +315,7 @@ impl DeliveryService {
                 sandboxes: placed,
                 created_at_ms: now_ms(),
             };
-            match inner.runs.add_to_run(&record) {
+            match registry(&inner.runs, move |runs| runs.add_to_run(&record)).await {
                 Ok(_) => {}
                 // Checked under the run lock above; only another replica
                 // sharing the store could get here.
@@ -363,9 +364,9 @@ impl DeliveryService {
         let inner = &self.inner;
         let run_key = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
         let _run = inner.run_locks.lock(run_key).await;
-        let run = inner
-            .runs
-            .run(owner, workload, run_id)?
+        let (o, w, r) = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
+        let run = registry(&inner.runs, move |runs| runs.run(&o, &w, &r))
+            .await?
             .ok_or_else(|| DeliveryError::RunNotFound(run_id.to_owned()))?;
         let outcomes: Vec<SandboxOutcome> = futures::stream::iter(run.sandboxes.clone())
             .map(|place| self.release_one(&run, place))
@@ -377,9 +378,11 @@ impl DeliveryService {
             .filter(|o| o.error.is_none())
             .map(|o| o.sandbox.clone())
             .collect();
-        inner
-            .runs
-            .remove_from_run(owner, workload, run_id, &released)?;
+        let (o, w, r) = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
+        registry(&inner.runs, move |runs| {
+            runs.remove_from_run(&o, &w, &r, &released)
+        })
+        .await?;
         match failure_reason(&outcomes) {
             None => Ok(()),
             Some(reason) => Err(DeliveryError::Failed { reason, outcomes }),
@@ -392,7 +395,8 @@ impl DeliveryService {
     pub async fn list(&self, owner: &Owner, workload: &str) -> Result<Vec<RunView>, DeliveryError> {
         let owner = &owner.key();
         check_workload(workload)?;
-        let runs = self.inner.runs.runs_of(owner, workload)?;
+        let (o, w) = (owner.to_owned(), workload.to_owned());
+        let runs = registry(&self.inner.runs, move |runs| runs.runs_of(&o, &w)).await?;
         if runs.is_empty() {
             self.inner
                 .workloads
@@ -648,6 +652,20 @@ fn failure_reason(outcomes: &[SandboxOutcome]) -> Option<String> {
     ))
 }
 
+/// Runs a run-registry call on tokio's blocking pool: the store blocks
+/// (a network round trip on PostgreSQL) and must not run on a runtime
+/// worker.
+async fn registry<T: Send + 'static>(
+    runs: &Arc<dyn RunStore>,
+    f: impl FnOnce(&dyn RunStore) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let runs = runs.clone();
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(|| f(runs.as_ref())))
+        .await
+        .map_err(|e| StoreError::Database(format!("run registry task failed: {e}")))?
+}
+
 fn workload_error(name: &str, e: WorkloadError) -> DeliveryError {
     match e {
         WorkloadError::NotFound(_) => DeliveryError::WorkloadNotFound(name.to_owned()),
@@ -656,6 +674,7 @@ fn workload_error(name: &str, e: WorkloadError) -> DeliveryError {
         WorkloadError::RevisionNotFound(_) => DeliveryError::WorkloadNotReady(format!(
             "workload {name:?} changed during the delivery; try again"
         )),
+        WorkloadError::StoreUnavailable(why) => DeliveryError::StoreUnavailable(why),
         other => DeliveryError::Internal(format!("reading workload {name:?}: {other}")),
     }
 }

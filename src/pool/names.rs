@@ -23,6 +23,13 @@ pub const WORKSPACE_CLAIM_ANNOTATION: &str = "context.rossoctl.io/workspace-clai
 /// restart of the service.
 pub const EXPIRES_AT_ANNOTATION: &str = "context.rossoctl.io/expires-at";
 
+/// Annotation on every object a create makes: until when (RFC 3339, UTC)
+/// the create may still be adding members. Every replica of the service
+/// reads it, so a pool another replica is creating is `provisioning`
+/// everywhere, not `failed` with members missing; after it, missing
+/// members are a failure (e.g. the creating replica died half-way).
+pub const CREATING_UNTIL_ANNOTATION: &str = "context.rossoctl.io/creating-until";
+
 /// The annotations every object of a pool expiring at `expires_at` carries
 /// ([`EXPIRES_AT_ANNOTATION`]); empty for a pool that never expires.
 pub fn expiry_annotations(

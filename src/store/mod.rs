@@ -1,18 +1,21 @@
-//! The embedded store: workload metadata in a transactional database behind
-//! the [`MetadataStore`] trait (so another backend can be added later), and
-//! bundle bytes in a content-addressed [`BlobStore`]. The same database
-//! holds the delivery run registry ([`RunStore`]).
+//! The store: workload metadata in a transactional database behind the
+//! [`MetadataStore`] trait — embedded ([`RedbStore`], the default) or shared
+//! by replicas ([`PostgresStore`]) — and bundle bytes in a content-addressed
+//! [`BlobStore`]. The same database holds the delivery run registry
+//! ([`RunStore`]).
 //!
 //! Write order makes crashes harmless: a blob is durable (fsync + rename +
 //! directory fsync) before any metadata that names it commits.
 
 mod blob;
 mod object;
+mod postgres;
 mod redb_store;
 mod runs;
 
 pub use blob::{is_digest, BlobStore, TempBlob};
 pub use object::{ObjectBlobs, ObjectError, PutOutcome, StoredObject, DEFAULT_PART_BYTES};
+pub use postgres::{DatabaseUrl, PostgresStore};
 pub use redb_store::RedbStore;
 pub use runs::{RunRecord, RunSandbox, RunStore};
 
@@ -172,6 +175,10 @@ pub enum StoreError {
     /// The database failed.
     #[error("metadata database: {0}")]
     Database(String),
+    /// The database cannot be reached for now (down, restarting, out of
+    /// connections): the operation may succeed when retried later.
+    #[error("metadata database unavailable: {0}")]
+    Unavailable(String),
     /// A stored record does not decode.
     #[error("corrupt metadata record {key}: {detail}")]
     Corrupt {

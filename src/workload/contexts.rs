@@ -426,7 +426,9 @@ impl WorkloadService {
         self.locate(&key.owner_key(), &key.name, revision)
             .await
             .map_err(|e| match e {
-                WorkloadError::Internal(_) => ContextError::Workload(e),
+                WorkloadError::Internal(_) | WorkloadError::StoreUnavailable(_) => {
+                    ContextError::Workload(e)
+                }
                 _ => ContextError::NotFound,
             })
     }

@@ -70,6 +70,10 @@ pub enum WorkloadError {
     /// digest; they are not served.
     #[error("{0}")]
     BundleCorrupt(String),
+    /// The metadata database cannot be reached for now; the cause is
+    /// logged, the client is told to retry.
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// A store, disk or task failure.
     #[error("{0}")]
     Internal(String),
@@ -97,7 +101,10 @@ impl From<crate::store::ObjectError> for WorkloadError {
 
 impl From<StoreError> for WorkloadError {
     fn from(e: StoreError) -> Self {
-        WorkloadError::Internal(e.to_string())
+        match e {
+            StoreError::Unavailable(_) => WorkloadError::StoreUnavailable(e.to_string()),
+            _ => WorkloadError::Internal(e.to_string()),
+        }
     }
 }
 

@@ -16,8 +16,8 @@ use crate::bundle::{manifest_of_bundle, Limits, TempBudget, TreeManifest};
 use crate::cache::{BundleCache, CachedBundle};
 use crate::fsutil;
 use crate::store::{
-    BlobStore, MetadataStore, ObjectBlobs, OwnerMigration, RedbStore, RevisionRecord, RunStore,
-    StoreError, WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
+    BlobStore, DatabaseUrl, MetadataStore, ObjectBlobs, OwnerMigration, PostgresStore, RedbStore,
+    RevisionRecord, RunStore, StoreError, WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
 };
 
 /// Tunables of the workload service.
@@ -42,6 +42,9 @@ pub struct WorkloadSettings {
     /// How old an object no workload names must be before it is deleted
     /// from object storage (another replica may be about to name it).
     pub blob_gc_grace: Duration,
+    /// Metadata on this PostgreSQL database; `None`: the embedded store
+    /// under the data dir.
+    pub database_url: Option<DatabaseUrl>,
 }
 
 /// Default of [`WorkloadSettings::blob_gc_grace`]: 15 minutes.
@@ -61,6 +64,7 @@ impl Default for WorkloadSettings {
             deflate_threads: 0,
             blob_url: None,
             blob_gc_grace: DEFAULT_BLOB_GC_GRACE,
+            database_url: None,
         }
     }
 }
@@ -136,8 +140,11 @@ pub(super) async fn blocking<T: Send + 'static>(
 }
 
 impl WorkloadService {
-    /// Opens the embedded store under `data_dir` (`meta.redb`, `blobs/`,
-    /// `tmp/`) and runs start-up recovery before anything is served.
+    /// Opens the store — metadata in `data_dir/store/meta.redb`, or on
+    /// PostgreSQL when [`WorkloadSettings::database_url`] is set; bundles in
+    /// `data_dir/blobs` (this replica's copy of object storage when
+    /// [`WorkloadSettings::blob_url`] is set), spool in `data_dir/tmp` — and runs start-up
+    /// recovery before anything is served.
     pub async fn open(
         data_dir: &Path,
         settings: WorkloadSettings,
@@ -152,17 +159,29 @@ impl WorkloadService {
             None => None,
         };
         let (service, report) = blocking(move || {
-            let store_dir = data_dir.join("store");
-            fsutil::ensure_dir(&store_dir, 0o700)?;
-            let store = Arc::new(RedbStore::open(&store_dir.join("meta.redb"))?);
+            let (store, runs): (Arc<dyn MetadataStore>, Arc<dyn RunStore>) =
+                match &settings.database_url {
+                    Some(url) => {
+                        // On a blocking thread: connecting and migrating
+                        // block on the store's own runtime.
+                        let store = Arc::new(PostgresStore::connect(url)?);
+                        (store.clone(), store)
+                    }
+                    None => {
+                        let store_dir = data_dir.join("store");
+                        fsutil::ensure_dir(&store_dir, 0o700)?;
+                        let store = Arc::new(RedbStore::open(&store_dir.join("meta.redb"))?);
+                        (store.clone(), store)
+                    }
+                };
             let blobs = BlobStore::open(&data_dir.join("blobs"))?;
             let spool_dir = data_dir.join("tmp");
             fsutil::ensure_dir(&spool_dir, 0o700)?;
             let metrics = WorkloadMetrics::default();
             let service = Self {
                 inner: Arc::new(Inner {
-                    store: store.clone(),
-                    runs: store,
+                    store,
+                    runs,
                     blobs,
                     objects,
                     cache,

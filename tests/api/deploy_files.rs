@@ -142,6 +142,20 @@ fn configmap_sets_every_setting_with_values_serve_accepts() {
     for key in data.keys() {
         assert!(key.starts_with("CS_"), "{key}");
     }
+    // The database URL carries a password: a Secret's, optional (without
+    // it the embedded store is used), never the ConfigMap's.
+    assert!(!data.contains_key("CS_DATABASE_URL"));
+    let database = container["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == "CS_DATABASE_URL"))
+        .expect("CS_DATABASE_URL in the StatefulSet's env");
+    let secret_ref = &database["valueFrom"]["secretKeyRef"];
+    assert_eq!(secret_ref["name"], "context-service-database");
+    assert_eq!(secret_ref["key"], "url");
+    assert_eq!(
+        secret_ref["optional"], true,
+        "the embedded store needs no Secret"
+    );
     // The values are ones `serve` accepts.
     let parsed = Serve::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
     assert_eq!(
@@ -253,4 +267,138 @@ fn statefulset_is_probed_bounded_and_hardened() {
         .filter(|n| n != "kustomization.yaml")
         .collect();
     assert_eq!(listed, on_disk);
+}
+
+/// The JSON-patch operations of the HA overlay's patch on `kind`.
+fn ha_patch_ops(kustomization: &Value, kind: &str) -> Vec<Value> {
+    let patch = kustomization["patches"]
+        .as_array()
+        .expect("patches")
+        .iter()
+        .find(|p| p["target"]["kind"] == kind)
+        .unwrap_or_else(|| panic!("no patch of the {kind}"));
+    serde_saphyr::from_str(patch["patch"].as_str().expect("inline patch")).expect("JSON patch")
+}
+
+#[test]
+fn ha_overlay_runs_the_base_pod_on_shared_stores() {
+    let kustomization = document("deploy/overlays/ha/kustomization.yaml", "Kustomization");
+    let sts = document("deploy/base/statefulset.yaml", "StatefulSet");
+    let deploy = document("deploy/overlays/ha/deployment.yaml", "Deployment");
+    let (base, ha) = (
+        &sts["spec"]["template"]["spec"],
+        &deploy["spec"]["template"]["spec"],
+    );
+    // The same hardened, probed, bounded pod as the StatefulSet.
+    for key in [
+        "serviceAccountName",
+        "automountServiceAccountToken",
+        "enableServiceLinks",
+        "terminationGracePeriodSeconds",
+        "securityContext",
+    ] {
+        assert_eq!(ha[key], base[key], "pod {key}");
+    }
+    let (bc, hc) = (&base["containers"][0], &ha["containers"][0]);
+    for key in [
+        "name",
+        "image",
+        "args",
+        "envFrom",
+        "ports",
+        "readinessProbe",
+        "livenessProbe",
+        "resources",
+        "securityContext",
+    ] {
+        assert_eq!(hc[key], bc[key], "container {key}");
+    }
+    assert_eq!(
+        hc["startupProbe"]["httpGet"], bc["startupProbe"]["httpGet"],
+        "startupProbe"
+    );
+
+    // Several replicas, never fewer than the ones serving during a rollout,
+    // and one kept through a drain.
+    assert!(deploy["spec"]["replicas"].as_u64() >= Some(2));
+    assert_eq!(
+        deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+        0
+    );
+    let pdb = document(
+        "deploy/overlays/ha/poddisruptionbudget.yaml",
+        "PodDisruptionBudget",
+    );
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(
+        deploy["spec"]["selector"]["matchLabels"],
+        sts["spec"]["selector"]["matchLabels"]
+    );
+
+    // No volume of its own: the data dir is a cache.
+    assert!(deploy["spec"].get("volumeClaimTemplates").is_none());
+    let volumes = ha["volumes"].as_array().expect("volumes");
+    let volume = |name: &str| {
+        volumes
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no volume {name}"))
+    };
+    assert!(volume("data")["emptyDir"].is_object());
+
+    // Secrets hold what must not be in the ConfigMap, required (no
+    // `optional`: a replica without them must not start on its own store).
+    let env = hc["env"].as_array().expect("env");
+    let from_secret = |var: &str| {
+        let entry = env
+            .iter()
+            .find(|e| e["name"] == var)
+            .unwrap_or_else(|| panic!("no {var}"));
+        let key = &entry["valueFrom"]["secretKeyRef"];
+        assert!(key.get("optional").is_none(), "{var} is optional");
+        (
+            key["name"].as_str().unwrap().to_owned(),
+            key["key"].as_str().unwrap().to_owned(),
+        )
+    };
+    assert_eq!(
+        from_secret("CS_DATABASE_URL"),
+        ("context-service-database".into(), "url".into())
+    );
+    for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+        assert_eq!(from_secret(var).0, "context-service-object-store");
+    }
+
+    // The ConfigMap names the bucket and the shared owner-scope key, whose
+    // file is in the mounted Secret.
+    let ops = ha_patch_ops(&kustomization, "ConfigMap");
+    let value = |var: &str| {
+        ops.iter()
+            .find(|op| op["path"] == format!("/data/{var}"))
+            .and_then(|op| op["value"].as_str())
+            .unwrap_or_else(|| panic!("the ConfigMap patch sets no {var}"))
+            .to_owned()
+    };
+    assert!(value("CS_BLOB_URL").starts_with("s3://"));
+    let key_file = value("CS_OWNER_SCOPE_SECRET_FILE");
+    let key_dir = Path::new(&key_file).parent().unwrap();
+    let mount = hc["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| Path::new(m["mountPath"].as_str().unwrap()) == key_dir)
+        .unwrap_or_else(|| panic!("nothing mounted at {}", key_dir.display()));
+    assert_eq!(mount["readOnly"], true);
+    let secret = &volume(mount["name"].as_str().unwrap())["secret"];
+    assert_eq!(secret["secretName"], "context-service-owner-scope");
+    // The key's file name is the Secret's key the docs create.
+    assert_eq!(Path::new(&key_file).file_name().unwrap(), "key");
+
+    // PostgreSQL's port is let out.
+    let ops = ha_patch_ops(&kustomization, "NetworkPolicy");
+    assert!(ops.iter().any(|op| op["value"]["port"] == 5432), "{ops:?}");
 }

@@ -10,7 +10,7 @@ use reqwest::header;
 use serde_json::{json, Value};
 
 use crate::common::workload_bundles::{tgz, MEDIA};
-use crate::common::{assert_error, json_of, Caller, TestServer};
+use crate::common::{assert_error, embedded_only, json_of, Caller, TestServer};
 use context_service::bundle::{self, CanonicalOptions, Limits};
 
 /// A token with the `delegate` scope and every user scope, acting for
@@ -179,7 +179,7 @@ fn previous_version_data_dir(dir: &Path) -> (Vec<u8>, String) {
 async fn a_previous_version_data_dir_is_migrated_once() {
     let dir = tempfile::tempdir().unwrap();
     let (bundle, revision) = previous_version_data_dir(dir.path());
-    let mut server = TestServer::start_in(dir.path(), |_| {}).await;
+    let mut server = TestServer::start_in(dir.path(), embedded_only).await;
 
     for round in 0..2 {
         // The owners were token subjects: their tokens reach their things.
@@ -256,7 +256,7 @@ async fn a_previous_version_data_dir_is_migrated_once() {
         tree["names"].is_string() && tree["content"].is_string(),
         "{tree}"
     );
-    let server = TestServer::start_in(dir.path(), |_| {}).await;
+    let server = TestServer::start_in(dir.path(), embedded_only).await;
 
     // The grant issued by the previous version still uploads (its owner
     // was migrated with the workload), once.

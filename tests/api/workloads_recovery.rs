@@ -2,7 +2,7 @@
 //! leaving what a `kill -9` would leave on disk).
 
 use crate::common::workload_bundles::{sha256, tgz, unpack};
-use crate::common::{assert_error, Caller, TestServer};
+use crate::common::{assert_error, embedded_only, Caller, TestServer};
 use context_service::store::{MetadataStore, RedbStore, WorkloadStatus};
 
 #[tokio::test]
@@ -72,7 +72,7 @@ async fn recovery_after_a_crash() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut server = TestServer::start_in(dir.path(), |_| {}).await;
+    let mut server = TestServer::start_in(dir.path(), embedded_only).await;
     let alice = server.client("alice");
     // 1. A ready workload whose blob will vanish.
     alice.create_workload(Some("lost"), None).await.unwrap();
@@ -129,7 +129,7 @@ async fn recovery_after_a_crash() {
         store.replace_workload(&rec, None).unwrap();
     }
 
-    let server = TestServer::start_in(dir.path(), |_| {}).await;
+    let server = TestServer::start_in(dir.path(), embedded_only).await;
     let alice = server.client("alice");
     assert!(!blobs.join(".tmp-upload1").exists());
     assert!(!blobs.join("ff/.tmp-upload2").exists());

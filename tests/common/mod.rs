@@ -11,6 +11,7 @@ mod archive;
 mod caller;
 #[cfg(feature = "e2e")]
 pub(crate) mod k8s;
+pub(crate) mod postgres;
 #[cfg(feature = "e2e")]
 pub(crate) mod rbac;
 pub(crate) mod workload_bundles;
@@ -139,6 +140,11 @@ impl TestServer {
         if config.blob_url.is_none() {
             config.blob_url = test_blob_url();
         }
+        if postgres::requested() {
+            // One database per data dir, so a server started again on the
+            // same dir finds its records, as with the embedded store.
+            config.database_url = Some(postgres::database_for(data_dir));
+        }
         adjust(&mut config);
         let server = Server::bind_with(&config, &options).await?;
         let addr = server.local_addr().expect("local addr");
@@ -155,6 +161,12 @@ impl TestServer {
             shutdown: Some(tx),
             task: Some(task),
         })
+    }
+
+    /// The same server, now owning `dir` (removed when it is dropped).
+    pub(crate) fn owning(mut self, dir: tempfile::TempDir) -> Self {
+        self._dir = Some(dir);
+        self
     }
 
     /// The settings the server runs with.
@@ -231,6 +243,13 @@ impl Drop for TestServer {
         // Every answer it gave is one the OpenAPI document lists.
         answers::check();
     }
+}
+
+/// Settings of a test that reads or writes the embedded store's file
+/// itself: it runs on the embedded store even when
+/// `CONTEXT_SERVICE_TEST_DATABASE=postgres` puts the others on PostgreSQL.
+pub(crate) fn embedded_only(config: &mut ServeConfig) {
+    config.database_url = None;
 }
 
 /// Asserts an error response: status, `error` code, and a message fragment.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The deploy manifests, proven against a real API server: renders
-# deploy/base, deploy/overlays/kwok and deploy/monitoring with
-# `kubectl kustomize`, checks what each contains, and applies base and overlay
+# deploy/base, deploy/overlays/kwok, deploy/overlays/ha and deploy/monitoring with
+# `kubectl kustomize`, checks what each contains, and applies base and overlays
 # to the test control plane with `--dry-run=server` (schemas, defaulting,
 # admission and RBAC escalation checks of the real API server; nothing is
 # stored). Namespaced objects need their namespace to exist, so each is
@@ -47,7 +47,7 @@ check() {
 	passed=$((passed + 1))
 }
 
-for dir in base overlays/kwok monitoring; do
+for dir in base overlays/kwok overlays/ha monitoring; do
 	out="$work/${dir//\//-}.yaml"
 	"$kubectl" kustomize "deploy/$dir" >"$out" || fail "kubectl kustomize deploy/$dir"
 	check "kubectl kustomize deploy/$dir ($(grep -c '^kind: ' "$out") objects)"
@@ -55,6 +55,9 @@ done
 app="ClusterRole ClusterRoleBinding ConfigMap Namespace NetworkPolicy Role RoleBinding Secret Service ServiceAccount StatefulSet "
 expect_kinds base "$app"
 expect_kinds overlays-kwok "$app"
+# Several replicas on shared stores: a Deployment and its PodDisruptionBudget
+# in place of the StatefulSet.
+expect_kinds overlays-ha "$(sed 's/StatefulSet /Deployment PodDisruptionBudget /' <<<"$app" | tr ' ' '\n' | grep . | sort | tr '\n' ' ')"
 expect_kinds monitoring "ConfigMap PrometheusRule ServiceMonitor "
 
 grep -q 'storage: 1Gi' "$work/overlays-kwok.yaml" || fail "the kwok overlay's volume patch did not apply"
@@ -62,7 +65,7 @@ check "rendered kinds"
 
 "$kubectl" create namespace "$ns" >/dev/null || fail "creating namespace $ns"
 created_ns=1
-for dir in base overlays/kwok; do
+for dir in base overlays/kwok overlays/ha; do
 	wrap="$work/wrap-${dir//\//-}"
 	mkdir -p "$wrap"
 	cat >"$wrap/kustomization.yaml" <<-YAML

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -23,6 +24,10 @@ use super::objects;
 use super::settings::KubeSettings;
 use super::status;
 use super::watch::{self, CacheError, Caches, SelectorWatches, Watchers};
+
+/// Past the end of another replica's create, so the status read then no
+/// longer counts it as running.
+const CLOCK_STEP: Duration = Duration::from_millis(5);
 
 /// Why a [`KubeBackend`] cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -327,17 +332,21 @@ impl SandboxBackend for KubeBackend {
             // Mark the current generation seen before reading, so a change
             // between the read and the wait is not missed.
             changes.borrow_and_update();
-            let current = status::pool_status(
-                name,
-                &caches.pool_objects(name),
-                self.creating.contains(name),
-            );
+            let objects = caches.pool_objects(name);
+            let current = status::pool_status(name, &objects, self.creating.contains(name));
             match &current {
                 None => return Ok(None),
                 Some(status) if status.phase.is_settled() => return Ok(current),
                 Some(_) => {}
             }
-            match tokio::time::timeout_at(deadline, changes.changed()).await {
+            // The end of a create recorded by another replica comes with no
+            // watch event: look again then.
+            let wake = status::creating_until(&objects)
+                .and_then(|until| Duration::try_from(until.duration_since(Timestamp::now())).ok())
+                .map(|left| (tokio::time::Instant::now() + left + CLOCK_STEP).min(deadline))
+                .unwrap_or(deadline);
+            match tokio::time::timeout_at(wake, changes.changed()).await {
+                Err(_elapsed) if wake < deadline => {}
                 Err(_elapsed) => return Ok(current),
                 Ok(Ok(())) => {}
                 Ok(Err(_closed)) => {

@@ -20,6 +20,12 @@ use super::objects::{self, PoolMeta, WorkspaceRecord, WorkspaceVolume};
 use super::status::{self, PoolObjects};
 use super::watch::{Created, Kind};
 
+/// How long a create may take, recorded on its objects
+/// ([`names::CREATING_UNTIL_ANNOTATION`]): far above the ≈10 s of a
+/// 100-sandbox pool, so other replicas see a running create as one.
+const CREATE_WINDOW: k8s_openapi::jiff::SignedDuration =
+    k8s_openapi::jiff::SignedDuration::from_secs(120);
+
 impl KubeBackend {
     /// Creates every object of `spec`; on a failure half-way, deletes what
     /// this call made.
@@ -72,7 +78,10 @@ impl KubeBackend {
         spec: &PoolSpec,
         created: &mut Created,
     ) -> Result<PoolObjects, BackendError> {
-        let meta = PoolMeta::from(spec);
+        let meta = PoolMeta {
+            creating_until: Timestamp::now().checked_add(CREATE_WINDOW).ok(),
+            ..PoolMeta::from(spec)
+        };
         match &spec.strategy {
             Strategy::Warm { pool } => self.create_claims(&meta, pool, created).await,
             Strategy::Existing {

@@ -1166,6 +1166,93 @@ async fn readiness_probes_each_watch_once_then_trusts_the_events() {
 }
 
 #[tokio::test]
+async fn every_object_of_a_create_records_when_it_may_still_add_members() {
+    let fake = FakeApi::default();
+    let backend = fake.backend();
+    backend.start_watchers();
+    let before = k8s_openapi::jiff::Timestamp::now();
+    backend
+        .create_pool(&spec("windowed", 2, dedicated()))
+        .await
+        .expect("created");
+    let mut objects = vec![
+        fake.object(SANDBOXES, "sandbox-windowed-0"),
+        fake.object(SANDBOXES, "sandbox-windowed-1"),
+    ];
+    objects.extend(fake.names(PVCS).iter().map(|n| fake.object(PVCS, n)));
+    assert_eq!(objects.len(), 4);
+    for object in objects {
+        let until: k8s_openapi::jiff::Timestamp = object["metadata"]["annotations"]
+            ["context.rossoctl.io/creating-until"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no creating-until on {object}"))
+            .parse()
+            .expect("RFC 3339");
+        let ahead = until.duration_since(before).as_secs();
+        assert!((119..=121).contains(&ahead), "{ahead} s ahead");
+    }
+}
+
+#[tokio::test]
+async fn a_create_another_replica_runs_is_provisioning_until_its_window_ends() {
+    use super::objects::{self, PoolMeta, StrategyKind, WorkspaceRecord, WorkspaceVolume};
+    let fake = FakeApi::default();
+    // Another replica began a 2-sandbox pool and made one Sandbox; its
+    // window ends in 400 ms.
+    let until = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_millis(400))
+        .expect("time");
+    let meta = PoolMeta {
+        name: "elsewhere",
+        replicas: 2,
+        owner_scope: OWNER,
+        strategy: StrategyKind::Existing,
+        expires_at: None,
+        creating_until: Some(until),
+    };
+    let volume = WorkspaceVolume {
+        claim_name: "data",
+        read_only: false,
+    };
+    let record = WorkspaceRecord {
+        size: "1Gi".into(),
+        access_mode: "ReadWriteOnce".into(),
+        storage_class: None,
+    };
+    let sandbox = objects::sandbox(&settings(), &meta, 0, volume, &record);
+    fake.insert(NS, SANDBOXES, serde_json::to_value(&sandbox).expect("JSON"));
+    let backend = fake.backend();
+    backend.start_watchers();
+    backend
+        .wait_synced(Duration::from_secs(5))
+        .await
+        .expect("synced");
+    let status = backend
+        .get_pool("elsewhere")
+        .await
+        .expect("get")
+        .expect("present");
+    assert_eq!(status.phase, PoolPhase::Provisioning, "{status:?}");
+
+    // No event marks the window's end: the waiter wakes at it and reports
+    // the member the dead or slow create never made.
+    let started = tokio::time::Instant::now();
+    let status = backend
+        .wait_pool("elsewhere", Duration::from_secs(20))
+        .await
+        .expect("wait")
+        .expect("present");
+    assert_eq!(status.phase, PoolPhase::Failed, "{status:?}");
+    assert_eq!(status.reason.as_deref(), Some("SandboxMissing"));
+    assert_eq!(status.message.as_deref(), Some("1 of 2 sandboxes exist"));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn wait_pool_wakes_on_watch_events_and_times_out_with_the_current_status() {
     let fake = FakeApi::default();
     let backend = Arc::new(fake.backend());

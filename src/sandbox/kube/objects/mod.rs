@@ -106,6 +106,9 @@ pub struct PoolMeta<'a> {
     pub strategy: StrategyKind,
     /// When the pool expires (its `ttl`); `None` = never.
     pub expires_at: Option<Timestamp>,
+    /// Until when the create making these objects may still add members
+    /// ([`names::CREATING_UNTIL_ANNOTATION`]); `None`: not recorded.
+    pub creating_until: Option<Timestamp>,
 }
 
 impl StrategyKind {
@@ -128,8 +131,22 @@ impl<'a> From<&'a PoolSpec> for PoolMeta<'a> {
             owner_scope: &spec.owner_scope,
             strategy: StrategyKind::of(&spec.strategy),
             expires_at: spec.expires_at,
+            creating_until: None,
         }
     }
+}
+
+/// The annotations every object of `pool` carries: its expiry and the end
+/// of the create making it.
+fn pool_annotations(pool: &PoolMeta<'_>) -> BTreeMap<String, String> {
+    let mut annotations = names::expiry_annotations(pool.expires_at);
+    if let Some(until) = pool.creating_until {
+        annotations.insert(
+            names::CREATING_UNTIL_ANNOTATION.to_owned(),
+            until.to_string(),
+        );
+    }
+    annotations
 }
 
 /// The workspace as recorded on the Sandboxes for status: for managed
@@ -192,7 +209,7 @@ pub fn workspace_pvc(
 ) -> PersistentVolumeClaim {
     let mut labels = pool_labels(pool);
     labels.insert(names::REPLICAS_KEY.to_string(), pool.replicas.to_string());
-    let annotations = names::expiry_annotations(pool.expires_at);
+    let annotations = pool_annotations(pool);
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -240,7 +257,7 @@ pub fn sandbox(
     workspace: &WorkspaceRecord,
 ) -> Sandbox {
     let labels = pool_labels(pool);
-    let mut annotations = names::expiry_annotations(pool.expires_at);
+    let mut annotations = pool_annotations(pool);
     annotations.extend([
         (
             names::WORKSPACE_READ_ONLY_ANNOTATION.to_string(),
@@ -379,7 +396,7 @@ pub fn sandbox_claim(
     );
     object.metadata.namespace = Some(settings.namespace.clone());
     object.metadata.labels = Some(pool_labels(pool));
-    let mut annotations = names::expiry_annotations(pool.expires_at);
+    let mut annotations = pool_annotations(pool);
     annotations.extend([
         (names::REPLICAS_KEY.to_string(), pool.replicas.to_string()),
         (

@@ -17,6 +17,7 @@ fn meta(name: &str, replicas: u32, strategy: StrategyKind) -> PoolMeta<'_> {
         owner_scope: OWNER,
         strategy,
         expires_at: None,
+        creating_until: None,
     }
 }
 

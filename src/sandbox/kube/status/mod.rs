@@ -61,6 +61,9 @@ pub fn pool_status(name: &str, objects: &PoolObjects, creating: bool) -> Option<
     if objects.is_empty() {
         return None;
     }
+    // Maybe another replica of the service is creating it.
+    let creating =
+        creating || creating_until(objects).is_some_and(|until| until > Timestamp::now());
     Some(if objects.claims.is_empty() {
         direct_status(name, objects, creating)
     } else {
@@ -260,6 +263,19 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
 /// Whether the Sandbox is asked to be suspended (`spec.operatingMode`).
 pub fn is_suspended(sandbox: &Sandbox) -> bool {
     sandbox.spec.operating_mode.as_deref() == Some(OPERATING_MODE_SUSPENDED)
+}
+
+/// The latest end of a create recorded on the pool's objects
+/// ([`names::CREATING_UNTIL_ANNOTATION`]), if any.
+pub fn creating_until(objects: &PoolObjects) -> Option<Timestamp> {
+    let claims = objects.claims.iter().map(|c| c.annotations());
+    let sandboxes = objects.sandboxes.iter().map(|s| s.annotations());
+    let pvcs = objects.pvcs.iter().map(|p| p.annotations());
+    claims
+        .chain(sandboxes)
+        .chain(pvcs)
+        .filter_map(|a| a.get(names::CREATING_UNTIL_ANNOTATION)?.parse().ok())
+        .max()
 }
 
 /// The expiry annotation, when present and readable.
