@@ -225,6 +225,13 @@ cmd_stop() {
 
 cmd_down() {
 	cmd_stop
+	# weed leaves unix sockets named by port in /tmp: remove ours.
+	local p
+	if [ -f "$STATE/ports" ] && [ -f "$STATE/s3.port" ]; then
+		for p in $(cat "$STATE/s3.port" "$STATE/ports"); do
+			rm -f /tmp/seaweedfs-*-"$p".sock /tmp/seaweedfs-*-$((p + 10000)).sock
+		done
+	fi
 	rm -rf "$STATE"
 }
 
