@@ -1,4 +1,4 @@
-.PHONY: e2e test-postgres
+.PHONY: e2e s3 test-postgres
 
 # The API tests again with every test server keeping its metadata on
 # PostgreSQL (a throwaway cluster per test process, a database per server;
@@ -10,3 +10,8 @@ test-postgres:
 # End-to-end tests against a real control plane (see tests/k8s/README.md).
 e2e:
 	tests/k8s/run-e2e.sh
+
+# Object-storage tests against a real S3 server, SeaweedFS built from the Go
+# module proxy (see tests/scale/seaweedfs.sh).
+s3:
+	tests/scale/run-s3.sh

@@ -212,6 +212,8 @@ impl ServeConfig {
             },
             upload_temp_bytes: self.upload_temp_max_bytes,
             deflate_threads: self.bundle_threads.into(),
+            blob_url: self.blob_url.clone(),
+            blob_gc_grace: self.blob_gc_grace,
             database_url: self.database_url.clone(),
         }
     }

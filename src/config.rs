@@ -196,6 +196,18 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_UPLOAD_TEMP_MAX_BYTES", default_value_t = crate::workload::DEFAULT_UPLOAD_TEMP_BYTES)]
     pub upload_temp_max_bytes: u64,
 
+    /// Object storage for bundle bytes, `s3://<bucket>[/<prefix>]`, shared
+    /// by the replicas that share one metadata store (endpoint, region and credentials from `AWS_*`
+    /// variables: `AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`). The local blobs under the data dir are then
+    /// this replica's copy. Unset: bundles live only under the data dir.
+    #[arg(long, env = "CS_BLOB_URL")]
+    pub blob_url: Option<String>,
+    /// With `--blob-url`: how old an object no workload names must be
+    /// before it is deleted from object storage, e.g. `15m` (another
+    /// replica may have stored it and not yet named it).
+    #[arg(long, env = "CS_BLOB_GC_GRACE", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub blob_gc_grace: std::time::Duration,
     /// Byte budget of the in-memory bundle cache (512 MiB by default).
     #[arg(long, env = "CS_CACHE_BYTES", default_value_t = 512 * 1024 * 1024)]
     pub cache_bytes: u64,

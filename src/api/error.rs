@@ -194,6 +194,14 @@ impl From<WorkloadError> for ApiError {
             }
             W::TooLarge(_) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "upload_too_large", msg),
             W::UploadBroken(_) => ApiError::invalid_request(msg),
+            W::StorageUnavailable(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", msg)
+                    .with_retry_after(UPLOAD_RETRY_AFTER_SECS)
+            }
+            W::BundleCorrupt(_) => {
+                tracing::error!(error = %msg, "stored bundle refused");
+                ApiError::new(StatusCode::BAD_GATEWAY, "bundle_corrupt", msg)
+            }
             W::StoreUnavailable(cause) => ApiError::database_unavailable(cause),
             W::Internal(cause) => ApiError::internal(cause),
         }

@@ -234,6 +234,13 @@ pub(super) const BUNDLE_UPLOAD: &[ErrorCase] = &[
     case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
 ];
 
+/// Reading or writing bundle bytes in object storage (`--blob-url`): it is
+/// unreachable, or holds other bytes under a bundle's digest.
+pub(super) const OBJECT_STORAGE: &[ErrorCase] = &[
+    case(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable"),
+    case(StatusCode::BAD_GATEWAY, "bundle_corrupt"),
+];
+
 /// A trusted route (`api::trusted`): the caller is not a platform service
 /// (`WWW-Authenticate: Bearer`), or `X-Context-Subject` is missing or bad.
 pub(super) const TRUSTED_AUTH: &[ErrorCase] = &[
@@ -418,6 +425,8 @@ mod tests {
             | W::TooManyUploads(_)
             | W::UploadInProgress
             | W::TempSpaceExhausted(_)
+            | W::StorageUnavailable(_)
+            | W::BundleCorrupt(_)
             | W::TooLarge(_)
             | W::UploadBroken(_)
             | W::StoreUnavailable(_)
@@ -509,6 +518,8 @@ mod tests {
             W::TooManyUploads(s()),
             W::UploadInProgress,
             W::TempSpaceExhausted(s()),
+            W::StorageUnavailable(s()),
+            W::BundleCorrupt(s()),
             W::TooLarge(s()),
             W::UploadBroken(s()),
             W::StoreUnavailable(s()),

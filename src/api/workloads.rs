@@ -18,7 +18,7 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{bearer_token, ApiJson};
 use super::openapi::{
     case, error_set, BundleBytes, Delegation, Errors, AUTH, BASE, BODY, BUNDLE_UPLOAD, INTERNAL,
-    JSON_BODY, PATH, UPLOADABLE, WORKLOAD_NOT_FOUND,
+    JSON_BODY, OBJECT_STORAGE, PATH, UPLOADABLE, WORKLOAD_NOT_FOUND,
 };
 use super::rejection::ApiPath;
 use crate::app::AppState;
@@ -103,6 +103,7 @@ error_set!(
         JSON_BODY,
         WORKLOAD_NOT_FOUND,
         UPLOADABLE,
+        OBJECT_STORAGE,
         &[
             case(StatusCode::BAD_REQUEST, "revision_invalid"),
             case(StatusCode::CONFLICT, "revision_mismatch"),
@@ -111,7 +112,7 @@ error_set!(
 );
 error_set!(
     /// Errors of `PUT /v1/workloads/{id}/bundle` (streaming: no deadline).
-    OwnerUploadErrors = [AUTH, BODY, PATH, WORKLOAD_NOT_FOUND, UPLOADABLE, BUNDLE_UPLOAD]
+    OwnerUploadErrors = [AUTH, BODY, PATH, WORKLOAD_NOT_FOUND, UPLOADABLE, BUNDLE_UPLOAD, OBJECT_STORAGE]
 );
 error_set!(
     /// Errors of `PUT /v1/uploads/{grant}`: the grant token instead of an
@@ -123,6 +124,7 @@ error_set!(
         WORKLOAD_NOT_FOUND,
         UPLOADABLE,
         BUNDLE_UPLOAD,
+        OBJECT_STORAGE,
         &[
             case(StatusCode::UNAUTHORIZED, "token_required"),
             case(StatusCode::UNAUTHORIZED, "token_invalid"),
@@ -144,6 +146,7 @@ error_set!(
         INTERNAL,
         PATH,
         WORKLOAD_NOT_FOUND,
+        OBJECT_STORAGE,
         &[
             case(StatusCode::BAD_REQUEST, "revision_invalid"),
             case(StatusCode::NOT_FOUND, "revision_not_found"),

@@ -19,7 +19,19 @@ use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
 use crate::cache::ByteStream;
 use crate::store::RevisionRecord;
-use crate::workload::WorkloadService;
+use crate::workload::{WorkloadError, WorkloadService};
+
+/// A failure to open the bundle: object-storage trouble is the client's to
+/// know (it may retry), anything else is internal.
+fn source_error(e: WorkloadError) -> SendError {
+    match e {
+        WorkloadError::StorageUnavailable(m) => {
+            SendError::Storage(format!("storage_unavailable: {m}"))
+        }
+        WorkloadError::BundleCorrupt(m) => SendError::Storage(format!("bundle_corrupt: {m}")),
+        other => SendError::Source(other.to_string()),
+    }
+}
 
 /// Budget permits are KiB, so a `u32` permit count covers 4 TiB.
 const PERMIT_BYTES: u64 = 1024;
@@ -56,6 +68,9 @@ impl InflightBudget {
 pub(super) enum SendError {
     /// The bundle could not be read (logged; an internal failure).
     Source(String),
+    /// The object storage holding the bundle is unavailable or holds other
+    /// bytes: the client-facing reason (code and message).
+    Storage(String),
     /// Writing to the sandbox failed (it may have stopped reading: its
     /// `ERROR` line says why).
     Write(io::Error),
@@ -137,7 +152,7 @@ impl Payload {
             .workloads
             .open_bundle(&self.workload, &self.revision)
             .await
-            .map_err(|e| SendError::Source(e.to_string()))?;
+            .map_err(source_error)?;
         bundle
             .stream(0, self.revision.bytes)
             .await
@@ -157,7 +172,7 @@ impl Payload {
             .workloads
             .open_bundle(&self.workload, &self.revision)
             .await
-            .map_err(|e| SendError::Source(e.to_string()))?;
+            .map_err(source_error)?;
         let from_memory = bundle.is_memory();
         let permit = if from_memory {
             None

@@ -572,6 +572,7 @@ impl DeliveryService {
         match failure {
             Failure::Exec(e) => tracing::warn!(sandbox, error = %e, "{what}: exec failed"),
             Failure::Source(e) => tracing::error!(sandbox, error = %e, "{what}: bundle unreadable"),
+            Failure::Storage(e) => tracing::warn!(sandbox, error = %e, "{what}: object storage"),
             Failure::Write(e) => tracing::warn!(sandbox, error = %e, "{what}: write failed"),
             Failure::Protocol(e) => tracing::warn!(sandbox, error = %e, "{what}: protocol"),
             Failure::Script { code, reason } => {

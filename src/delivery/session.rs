@@ -38,6 +38,8 @@ pub(super) enum Failure {
     Protocol(String),
     /// The gateway could not read the bundle.
     Source(String),
+    /// Object storage could not give the bundle: the reason a client sees.
+    Storage(String),
     /// Writing the bundle failed and the script said nothing about it.
     Write(std::io::Error),
 }
@@ -57,6 +59,7 @@ impl Failure {
             }
             Failure::Protocol(why) => format!("protocol_error: {why}"),
             Failure::Source(_) => "internal_error: the bundle could not be read".to_owned(),
+            Failure::Storage(reason) => reason.clone(),
             Failure::Write(_) => {
                 "transfer_failed: the sandbox stopped reading the bundle".to_owned()
             }
@@ -171,6 +174,7 @@ pub(super) async fn deliver(
         match payload.write_to(&mut *session.stdin).await {
             Ok(()) => {}
             Err(SendError::Source(e)) => return Err(Failure::Source(e)),
+            Err(SendError::Storage(reason)) => return Err(Failure::Storage(reason)),
             // The script may have stopped reading on purpose (disk full):
             // its ERROR line, read next, says why.
             Err(SendError::Write(e)) => write_error = Some(e),

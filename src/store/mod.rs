@@ -8,11 +8,13 @@
 //! directory fsync) before any metadata that names it commits.
 
 mod blob;
+mod object;
 mod postgres;
 mod redb_store;
 mod runs;
 
 pub use blob::{is_digest, BlobStore, TempBlob};
+pub use object::{ObjectBlobs, ObjectError, PutOutcome, StoredObject, DEFAULT_PART_BYTES};
 pub use postgres::{DatabaseUrl, PostgresStore};
 pub use redb_store::RedbStore;
 pub use runs::{RunRecord, RunSandbox, RunStore};

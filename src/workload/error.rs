@@ -62,6 +62,14 @@ pub enum WorkloadError {
     /// Reading the upload failed (client went away, broken body).
     #[error("reading the upload failed: {0}")]
     UploadBroken(String),
+    /// The object storage holding bundle bytes cannot be reached; nothing
+    /// was changed.
+    #[error("{0}")]
+    StorageUnavailable(String),
+    /// The object storage holds other bytes (or none) under a bundle's
+    /// digest; they are not served.
+    #[error("{0}")]
+    BundleCorrupt(String),
     /// The metadata database cannot be reached for now; the cause is
     /// logged, the client is told to retry.
     #[error("{0}")]
@@ -69,6 +77,26 @@ pub enum WorkloadError {
     /// A store, disk or task failure.
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<crate::store::ObjectError> for WorkloadError {
+    fn from(e: crate::store::ObjectError) -> Self {
+        use crate::store::ObjectError as O;
+        match e {
+            O::Unavailable(cause) => {
+                // The cause (endpoint, engine message) goes to the log only.
+                tracing::warn!(error = %cause, "object storage unavailable");
+                WorkloadError::StorageUnavailable(
+                    "the object storage holding bundles is unavailable; try again later".to_owned(),
+                )
+            }
+            O::Corrupt(why) => WorkloadError::BundleCorrupt(why),
+            O::NotFound(key) => WorkloadError::BundleCorrupt(format!(
+                "the stored bundle {key} is missing from object storage"
+            )),
+            other => WorkloadError::Internal(other.to_string()),
+        }
+    }
 }
 
 impl From<StoreError> for WorkloadError {

@@ -32,7 +32,10 @@ pub use error::WorkloadError;
 pub use grants::UploadTicket;
 pub use metrics::WorkloadMetrics;
 pub use recovery::RecoveryReport;
-pub use service::{CreateWorkload, WorkloadService, WorkloadSettings, DEFAULT_UPLOAD_TEMP_BYTES};
+pub use service::{
+    CreateWorkload, WorkloadService, WorkloadSettings, DEFAULT_BLOB_GC_GRACE,
+    DEFAULT_UPLOAD_TEMP_BYTES,
+};
 pub use upload::BodyStream;
 pub use view::{rfc3339, RevisionView, UploadGrantView, WorkloadView, BUNDLE_MEDIA_TYPE};
 

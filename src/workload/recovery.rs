@@ -3,8 +3,10 @@
 //! workloads whose bundle went missing are marked `failed`.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
 
-use super::service::{now_ms, Inner};
+use super::service::{blocking, now_ms, Inner};
 use super::WorkloadError;
 use crate::store::{RevisionRecord, StoreError, WorkloadRecord, WorkloadStatus};
 
@@ -34,7 +36,7 @@ impl Inner {
     }
 
     /// Digests of the blobs some record names.
-    fn named_digests(&self) -> Result<HashSet<String>, WorkloadError> {
+    pub(super) fn named_digests(&self) -> Result<HashSet<String>, WorkloadError> {
         let records = self.store.all_workloads()?;
         Ok(records
             .iter()
@@ -98,6 +100,11 @@ impl Inner {
                 report.deletes_finished += 1;
                 continue;
             }
+            // With object storage a bundle not on local disk is fetched when
+            // used: the local blobs are only a copy.
+            if self.objects.is_some() {
+                continue;
+            }
             let missing: Vec<&RevisionRecord> = record
                 .candidate
                 .iter()
@@ -142,4 +149,73 @@ impl Inner {
         report.grants_purged = self.store.purge_expired_grants(now_ms())?;
         Ok(report)
     }
+}
+
+/// How often the object sweep runs: a quarter of the grace period, between
+/// 1 s and 5 min.
+fn sweep_every(grace: Duration) -> Duration {
+    (grace / 4).clamp(Duration::from_secs(1), Duration::from_secs(300))
+}
+
+/// Starts the periodic sweep of object storage ([`Inner::sweep_objects`]);
+/// it ends when the service is dropped.
+pub(super) fn spawn_object_sweeper(inner: &Arc<Inner>) {
+    let weak: Weak<Inner> = Arc::downgrade(inner);
+    let every = sweep_every(inner.settings.blob_gc_grace);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(inner) = weak.upgrade() else { return };
+            match sweep_objects(&inner).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    removed = n,
+                    "removed bundles no workload names from object storage"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "sweeping object storage failed; retrying later");
+                }
+            }
+        }
+    });
+}
+
+/// Deletes from object storage the objects no workload names that are
+/// older than the grace period (see [`crate::store::ObjectBlobs`]), with
+/// their local copies; returns how many.
+///
+/// Younger unnamed objects are kept: another replica may have written one
+/// and not yet named it. Each candidate is checked again under `gc` just
+/// before its delete, and an upload that found an object already there
+/// re-checks it after naming it (and puts it back if a sweep took it).
+pub(super) async fn sweep_objects(inner: &Arc<Inner>) -> Result<usize, WorkloadError> {
+    let Some(objects) = inner.objects.clone() else {
+        return Ok(0);
+    };
+    let reader = inner.clone();
+    let named = blocking(move || reader.named_digests()).await?;
+    let grace = inner.settings.blob_gc_grace;
+    let candidates = objects.deletable(&named, grace, SystemTime::now()).await?;
+    let mut removed = 0;
+    for object in candidates {
+        let checker = inner.clone();
+        let digest = object.digest.clone();
+        let unnamed = blocking(move || {
+            let _gc = checker.lock_gc();
+            if checker.named_digests()?.contains(&digest) {
+                return Ok(false);
+            }
+            checker.cache.evict(&digest);
+            checker.blobs.remove(&digest)?;
+            Ok(true)
+        })
+        .await?;
+        if unnamed {
+            objects.delete(&object.digest).await?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }

@@ -16,7 +16,7 @@ use crate::bundle::{manifest_of_bundle, Limits, TempBudget, TreeManifest};
 use crate::cache::{BundleCache, CachedBundle};
 use crate::fsutil;
 use crate::store::{
-    BlobStore, DatabaseUrl, MetadataStore, OwnerMigration, PostgresStore, RedbStore,
+    BlobStore, DatabaseUrl, MetadataStore, ObjectBlobs, OwnerMigration, PostgresStore, RedbStore,
     RevisionRecord, RunStore, StoreError, WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
 };
 
@@ -35,10 +35,20 @@ pub struct WorkloadSettings {
     pub upload_temp_bytes: u64,
     /// Deflate threads of an upload's canonical gzip (`0`: one per core).
     pub deflate_threads: usize,
+    /// Object storage holding the bundle bytes (`s3://bucket/prefix`); the
+    /// local blobs are then this replica's copy of it. `None`: local blobs
+    /// only.
+    pub blob_url: Option<String>,
+    /// How old an object no workload names must be before it is deleted
+    /// from object storage (another replica may be about to name it).
+    pub blob_gc_grace: Duration,
     /// Metadata on this PostgreSQL database; `None`: the embedded store
     /// under the data dir.
     pub database_url: Option<DatabaseUrl>,
 }
+
+/// Default of [`WorkloadSettings::blob_gc_grace`]: 15 minutes.
+pub const DEFAULT_BLOB_GC_GRACE: Duration = Duration::from_secs(15 * 60);
 
 /// Default of [`WorkloadSettings::upload_temp_bytes`]: 4 GiB.
 pub const DEFAULT_UPLOAD_TEMP_BYTES: u64 = 4 << 30;
@@ -52,6 +62,8 @@ impl Default for WorkloadSettings {
             uploads: UploadLimits::default(),
             upload_temp_bytes: DEFAULT_UPLOAD_TEMP_BYTES,
             deflate_threads: 0,
+            blob_url: None,
+            blob_gc_grace: DEFAULT_BLOB_GC_GRACE,
             database_url: None,
         }
     }
@@ -80,6 +92,9 @@ pub(super) struct Inner {
     /// The delivery run registry, in the same database.
     pub(super) runs: Arc<dyn RunStore>,
     pub(super) blobs: BlobStore,
+    /// The object storage that holds every bundle, when configured; `blobs`
+    /// is then this replica's disk copy of the bundles it has used.
+    pub(super) objects: Option<ObjectBlobs>,
     pub(super) cache: Arc<BundleCache>,
     pub(super) settings: WorkloadSettings,
     pub(super) spool_dir: PathBuf,
@@ -127,7 +142,8 @@ pub(super) async fn blocking<T: Send + 'static>(
 impl WorkloadService {
     /// Opens the store — metadata in `data_dir/store/meta.redb`, or on
     /// PostgreSQL when [`WorkloadSettings::database_url`] is set; bundles in
-    /// `data_dir/blobs`, spool in `data_dir/tmp` — and runs start-up
+    /// `data_dir/blobs` (this replica's copy of object storage when
+    /// [`WorkloadSettings::blob_url`] is set), spool in `data_dir/tmp` — and runs start-up
     /// recovery before anything is served.
     pub async fn open(
         data_dir: &Path,
@@ -135,7 +151,14 @@ impl WorkloadService {
         cache: Arc<BundleCache>,
     ) -> Result<(Self, RecoveryReport), WorkloadError> {
         let data_dir = data_dir.to_owned();
-        blocking(move || {
+        let objects = match &settings.blob_url {
+            Some(url) => Some(
+                ObjectBlobs::from_url(url)
+                    .map_err(|e| WorkloadError::Internal(format!("--blob-url/CS_BLOB_URL: {e}")))?,
+            ),
+            None => None,
+        };
+        let (service, report) = blocking(move || {
             let (store, runs): (Arc<dyn MetadataStore>, Arc<dyn RunStore>) =
                 match &settings.database_url {
                     Some(url) => {
@@ -160,6 +183,7 @@ impl WorkloadService {
                     store,
                     runs,
                     blobs,
+                    objects,
                     cache,
                     uploads: Arc::new(UploadGate::new(settings.uploads, metrics.uploads_running())),
                     temp_budget: TempBudget::new(settings.upload_temp_bytes),
@@ -171,6 +195,34 @@ impl WorkloadService {
             };
             let report = service.inner.recover()?;
             Ok((service, report))
+        })
+        .await?;
+        if service.inner.objects.is_some() {
+            super::recovery::spawn_object_sweeper(&service.inner);
+        }
+        Ok((service, report))
+    }
+
+    /// Makes sure the bundle `digest` of `size` bytes is on local disk:
+    /// with object storage, a blob not on disk is fetched, verified (size
+    /// and sha256) and persisted first. Without it, a no-op.
+    pub(super) async fn ensure_local(&self, digest: &str, size: u64) -> Result<(), WorkloadError> {
+        let Some(objects) = &self.inner.objects else {
+            return Ok(());
+        };
+        if self.inner.blobs.exists(digest) {
+            return Ok(());
+        }
+        let temp = self.inner.blobs.temp()?;
+        objects.fetch_into(digest, size, temp.writer()?).await?;
+        let inner = self.inner.clone();
+        let digest = digest.to_owned();
+        blocking(move || {
+            // Under `gc`, like an upload's persist: a concurrent collection
+            // never sees a half-made blob.
+            let _gc = inner.lock_gc();
+            inner.blobs.persist(temp, &digest)?;
+            Ok(())
         })
         .await
     }
@@ -410,6 +462,8 @@ impl WorkloadService {
     /// Reads the revision's bundle from its blob and computes its tree
     /// manifest (inflate and hash every file: ~0.1 s for 64 MiB).
     async fn compute_tree(&self, revision: &RevisionRecord) -> Result<TreeManifest, WorkloadError> {
+        self.ensure_local(&revision.bundle_digest, revision.bytes)
+            .await?;
         let path = self.inner.blobs.path(&revision.bundle_digest)?;
         let digest = revision.bundle_digest.clone();
         blocking(move || {
@@ -428,6 +482,12 @@ impl WorkloadService {
         name: &str,
         revision: &RevisionRecord,
     ) -> Result<CachedBundle, WorkloadError> {
+        // A bundle held in memory needs no disk copy (and keeps being served
+        // while object storage is down).
+        if !self.inner.cache.contains(&revision.bundle_digest) {
+            self.ensure_local(&revision.bundle_digest, revision.bytes)
+                .await?;
+        }
         let path = self.inner.blobs.path(&revision.bundle_digest)?;
         match self
             .inner

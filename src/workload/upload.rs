@@ -101,9 +101,38 @@ impl WorkloadService {
             tree: None,
         };
         let name = ticket.name.clone();
+        // With object storage the bundle is stored there (verified) before
+        // anything names it; a failure leaves no trace (the temp blob is
+        // dropped) and the grant usable.
+        if let Some(objects) = &self.inner.objects {
+            objects
+                .put_file(temp.path(), &revision.bundle_digest, revision.bytes)
+                .await?;
+        }
         let inner = self.inner.clone();
         let stored = revision.clone();
         blocking(move || inner.commit_upload(&ticket, temp, stored)).await?;
+        if let Some(objects) = &self.inner.objects {
+            // An object that was already there may have been swept by another
+            // replica between our check and our commit (it was old and
+            // unnamed): now that the metadata names it, put it back.
+            // The upload is committed either way: a failure here is logged.
+            let digest = &revision.bundle_digest;
+            let restored = match objects.size(digest).await {
+                Ok(Some(n)) if n == revision.bytes => Ok(()),
+                Ok(_) => match self.inner.blobs.path(digest) {
+                    Ok(path) => objects
+                        .put_file(&path, digest, revision.bytes)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e.into()),
+                },
+                Err(e) => Err(e),
+            };
+            if let Err(e) = restored {
+                tracing::warn!(digest = %digest, error = %e, "could not re-check the stored bundle after its upload");
+            }
+        }
         // One upload per grant until the commit is done.
         drop(permit);
         self.inner.metrics.uploaded();

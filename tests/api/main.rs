@@ -32,6 +32,7 @@ mod dockerfile;
 mod hardening;
 mod hs256_secret;
 mod monitoring;
+mod object_storage;
 mod openapi;
 mod owner_scope_key;
 mod owners;

@@ -64,6 +64,13 @@ async fn restart_keeps_everything() {
 
 #[tokio::test]
 async fn recovery_after_a_crash() {
+    // Local blobs only: it deletes a blob file and expects the workload to
+    // fail; with object storage the file is only a copy, fetched again
+    // (object_storage::a_replica_without_its_local_copy_...).
+    if crate::common::s3_blobs() {
+        eprintln!("skipped with CONTEXT_SERVICE_TEST_BLOBS=s3: inspects local blob files");
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mut server = TestServer::start_in(dir.path(), embedded_only).await;
     let alice = server.client("alice");

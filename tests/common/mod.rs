@@ -33,6 +33,26 @@ use context_service::server::Server;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// With `CONTEXT_SERVICE_TEST_BLOBS=s3`, a fresh prefix in the S3 test
+/// bucket (`tests/scale/seaweedfs.sh env`) for one spawned service, so the
+/// API suite runs against object storage; otherwise `None` (local blobs).
+pub(crate) fn test_blob_url() -> Option<String> {
+    if std::env::var("CONTEXT_SERVICE_TEST_BLOBS").ok()? != "s3" {
+        return None;
+    }
+    let bucket = std::env::var("CONTEXT_SERVICE_TEST_S3_BUCKET").expect(
+        "CONTEXT_SERVICE_TEST_BLOBS=s3 needs the S3 test server: eval \"$(tests/scale/seaweedfs.sh env)\"",
+    );
+    Some(format!("s3://{bucket}/api-{:016x}", rand::random::<u64>()))
+}
+
+/// Whether spawned services keep bundles in object storage
+/// (`CONTEXT_SERVICE_TEST_BLOBS=s3`); tests that inspect or break the local
+/// blob files directly assume local blobs and skip then.
+pub(crate) fn s3_blobs() -> bool {
+    std::env::var("CONTEXT_SERVICE_TEST_BLOBS").as_deref() == Ok("s3")
+}
+
 /// A running service.
 pub(crate) struct TestServer {
     /// `http://127.0.0.1:<port>`.
@@ -117,6 +137,9 @@ impl TestServer {
         // Nothing balances load in front of a test server: stop at once
         // (tests/api/shutdown.rs covers the grace).
         config.shutdown_grace = Duration::ZERO;
+        if config.blob_url.is_none() {
+            config.blob_url = test_blob_url();
+        }
         if postgres::requested() {
             // One database per data dir, so a server started again on the
             // same dir finds its records, as with the embedded store.
