@@ -19,6 +19,7 @@ pub mod config;
 pub mod delivery;
 pub mod fsutil;
 pub mod metrics;
+pub mod migrate;
 pub mod pool;
 pub mod sandbox;
 pub mod server;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use context_service::config::ServeConfig;
+use context_service::migrate::MigrateConfig;
 use context_service::server::{shutdown_signal, Server};
 use context_service::store::MetadataStore;
 use context_service::telemetry;
@@ -25,6 +26,11 @@ struct Cli {
 enum Command {
     /// Run the HTTP service.
     Serve(ServeConfig),
+    /// Copy a single replica's embedded store (metadata and bundles under
+    /// its data dir) into PostgreSQL and object storage, for scale-out.
+    /// Exit status: 0 everything is in the target, 1 something is not
+    /// (each reason one line on stderr), 2 a usage error.
+    Migrate(MigrateConfig),
 }
 
 /// How long stopping the runtime waits for blocking work (an upload still
@@ -34,6 +40,7 @@ const BLOCKING_WORK_WAIT: Duration = Duration::from_secs(5);
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Migrate(config) => context_service::migrate::run_cli(&config),
         Command::Serve(config) => {
             telemetry::init(config.log_format);
             let result = tokio::runtime::Runtime::new()

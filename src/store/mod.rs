@@ -10,12 +10,14 @@
 mod blob;
 mod object;
 mod postgres;
+mod redb_source;
 mod redb_store;
 mod runs;
 
 pub use blob::{is_digest, BlobStore, TempBlob};
 pub use object::{ObjectBlobs, ObjectError, PutOutcome, StoredObject, DEFAULT_PART_BYTES};
 pub use postgres::{DatabaseUrl, PostgresStore};
+pub use redb_source::{RedbSource, SourceError, SourceRecord};
 pub use redb_store::RedbStore;
 pub use runs::{RunRecord, RunSandbox, RunStore};
 

@@ -11,14 +11,14 @@ use super::{
 use crate::fsutil;
 
 /// Workloads by [`workload_key`]; values are JSON records.
-const WORKLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("workloads");
+pub(super) const WORKLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("workloads");
 /// Grants by public id; values are JSON records.
-const GRANTS: TableDefinition<&str, &[u8]> = TableDefinition::new("grants");
+pub(super) const GRANTS: TableDefinition<&str, &[u8]> = TableDefinition::new("grants");
 /// Delivery runs by [`run_key`]; values are JSON records.
-const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery_runs");
+pub(super) const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery_runs");
 /// Store-wide facts; [`SCHEMA_KEY`] is the records' schema version.
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-const SCHEMA_KEY: &str = "schema_version";
+pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+pub(super) const SCHEMA_KEY: &str = "schema_version";
 
 /// The redb-backed metadata store.
 #[derive(Debug)]

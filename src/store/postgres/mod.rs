@@ -28,6 +28,7 @@
 //!
 //! [`RedbStore`]: super::RedbStore
 
+mod import;
 mod migrations;
 
 use std::future::Future;

@@ -1,0 +1,110 @@
+//! Inserting records verbatim (`context-service migrate`): each record's
+//! JSON goes in exactly as the embedded store holds it, and only where the
+//! target has no record under its key. A record already there is never
+//! overwritten, whatever its version: the caller gets its bytes back to
+//! tell "the same" from a conflict.
+
+use super::{big, pg_err, GrantRecord, PostgresStore, RunRecord, StoreError, WorkloadRecord};
+
+impl PostgresStore {
+    /// Inserts the workload `record`, stored as `raw` (its JSON), unless
+    /// the owner has a workload of that name: then `Some(bytes)` of the
+    /// record there, left as it is. No quota applies (the records exist).
+    pub fn import_workload(
+        &self,
+        record: &WorkloadRecord,
+        raw: &[u8],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.block_on(async {
+            let client = self.client().await?;
+            let n = client
+                .execute(
+                    "INSERT INTO cs_workloads (owner, name, uid, version, record)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (owner, name) DO NOTHING",
+                    &[
+                        &record.owner,
+                        &record.name,
+                        &record.uid,
+                        &big(record.version),
+                        &raw,
+                    ],
+                )
+                .await
+                .map_err(pg_err)?;
+            if n == 1 {
+                return Ok(None);
+            }
+            let row = client
+                .query_one(
+                    "SELECT record FROM cs_workloads WHERE owner = $1 AND name = $2",
+                    &[&record.owner, &record.name],
+                )
+                .await
+                .map_err(pg_err)?;
+            Ok(Some(super::col::<Vec<u8>>(&row, 0)?))
+        })
+    }
+
+    /// Inserts `grant`, stored as `raw`, unless a grant of that id exists:
+    /// then `Some(bytes)` of that one, left as it is.
+    pub fn import_grant(
+        &self,
+        grant: &GrantRecord,
+        raw: &[u8],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.block_on(async {
+            let client = self.client().await?;
+            let n = client
+                .execute(
+                    "INSERT INTO cs_grants (id, owner, name, workload_uid, expires_at_ms, record)
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+                    &[
+                        &grant.id,
+                        &grant.owner,
+                        &grant.name,
+                        &grant.workload_uid,
+                        &big(grant.expires_at_ms),
+                        &raw,
+                    ],
+                )
+                .await
+                .map_err(pg_err)?;
+            if n == 1 {
+                return Ok(None);
+            }
+            let row = client
+                .query_one("SELECT record FROM cs_grants WHERE id = $1", &[&grant.id])
+                .await
+                .map_err(pg_err)?;
+            Ok(Some(super::col::<Vec<u8>>(&row, 0)?))
+        })
+    }
+
+    /// Inserts the delivery `run`, stored as `raw`, unless that run exists:
+    /// then `Some(bytes)` of that one, left as it is.
+    pub fn import_run(&self, run: &RunRecord, raw: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.block_on(async {
+            let client = self.client().await?;
+            let n = client
+                .execute(
+                    "INSERT INTO cs_delivery_runs (owner, workload, run_id, revision, record)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (owner, workload, run_id) DO NOTHING",
+                    &[&run.owner, &run.workload, &run.run_id, &run.revision, &raw],
+                )
+                .await
+                .map_err(pg_err)?;
+            if n == 1 {
+                return Ok(None);
+            }
+            let row = client
+                .query_one(
+                    "SELECT record FROM cs_delivery_runs
+                     WHERE owner = $1 AND workload = $2 AND run_id = $3",
+                    &[&run.owner, &run.workload, &run.run_id],
+                )
+                .await
+                .map_err(pg_err)?;
+            Ok(Some(super::col::<Vec<u8>>(&row, 0)?))
+        })
+    }
+}
