@@ -50,7 +50,9 @@ impl Drop for S3 {
 /// at the time), or `None` when there is no SeaweedFS binary.
 fn s3() -> Option<Arc<S3>> {
     static CURRENT: Mutex<Weak<S3>> = Mutex::new(Weak::new());
-    let mut current = CURRENT.lock().unwrap_or_else(|p| p.into_inner());
+    let mut current = CURRENT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(s3) = current.upgrade() {
         return Some(s3);
     }

@@ -2,6 +2,8 @@
 # Builds (cached) and starts SeaweedFS on loopback with a private state dir,
 # runs the object-storage tests against it and always stops it:
 #   1. the blob store on object_store's S3 backend (tests/object_store.rs);
+#   1b. context-service migrate into PostgreSQL + S3 (tests/migrate.rs, with a
+#      private SeaweedFS);
 #   2. an outage and its recovery (tests/object_storage_outage.rs, with a
 #      second, private SeaweedFS it stops and starts);
 #   3. the workload-related API suite again, every spawned service keeping
@@ -19,7 +21,7 @@ trap '"$sw" down' EXIT
 eval "$("$sw" env)"
 # A missing or misconfigured server fails these tests instead of skipping them.
 export CONTEXT_SERVICE_REQUIRE_S3=1
-cargo test --locked --test object_store --test object_storage_outage -- "$@"
+cargo test --locked --test object_store --test object_storage_outage --test migrate -- "$@"
 # The parts of the API suite that store, read or deliver bundles. Local-only
 # (skipped here, said in their output): workloads_recovery::recovery_after_a_crash
 # deletes a blob file and expects the workload to fail.
