@@ -25,8 +25,9 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use crate::store::{
-    is_digest, DatabaseUrl, ObjectBlobs, ObjectError, PostgresStore, PutOutcome, RedbSource,
-    RevisionRecord, SourceRecord, StoreError, WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
+    is_digest, DatabaseUrl, GrantRecord, MetadataStore, ObjectBlobs, ObjectError, PostgresStore,
+    PutOutcome, RedbSource, RevisionRecord, SourceRecord, StoreError, WorkloadRecord,
+    WorkloadStatus, SCHEMA_OWNER_KINDS,
 };
 
 /// Settings of `context-service migrate`.
@@ -211,7 +212,19 @@ pub fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
     // Workloads whose records (or lack of them) keep their grants and runs
     // out of the target.
     let mut held_back: HashSet<(String, String)> = HashSet::new();
-    let mut copied_uids: HashSet<String> = HashSet::new();
+    // Grants go in with their workload only: a grant missing beside a
+    // workload already there may have been used or revoked on a replica,
+    // and must not come back.
+    let mut grants_of: BTreeMap<&str, Vec<&SourceRecord<GrantRecord>>> = BTreeMap::new();
+    for g in &grants {
+        // Expired grants are useless.
+        if g.record.expires_at_ms >= now_ms {
+            grants_of
+                .entry(g.record.workload_uid.as_str())
+                .or_default()
+                .push(g);
+        }
+    }
     for w in &workloads {
         let rec = &w.record;
         let label = format!("workload {}/{}", rec.owner, rec.name);
@@ -235,9 +248,15 @@ pub fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
             }
         }
         let existing = target.import_workload(rec, &w.raw).map_err(db_err)?;
-        match classify(existing, w) {
-            Outcome::Copied => report.workloads.copied += 1,
-            Outcome::Same => report.workloads.already += 1,
+        let inserted = match classify(existing, w) {
+            Outcome::Copied => {
+                report.workloads.copied += 1;
+                true
+            }
+            Outcome::Same => {
+                report.workloads.already += 1;
+                false
+            }
             Outcome::Differs(detail) => {
                 report.workloads.conflicts += 1;
                 report.problems.push(format!(
@@ -247,27 +266,28 @@ pub fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
                 held_back.insert((rec.owner.clone(), rec.name.clone()));
                 continue;
             }
-        }
-        copied_uids.insert(rec.uid.clone());
-    }
-    for g in &grants {
-        let rec = &g.record;
-        // Expired grants are useless; grants of workloads not copied would
-        // name a workload the target does not have.
-        if rec.expires_at_ms < now_ms || !copied_uids.contains(&rec.workload_uid) {
-            continue;
-        }
-        let existing = target.import_grant(rec, &g.raw).map_err(db_err)?;
-        match classify(existing, g) {
-            Outcome::Copied => report.grants.copied += 1,
-            Outcome::Same => report.grants.already += 1,
-            Outcome::Differs(_) => {
-                report.grants.conflicts += 1;
-                report.problems.push(format!(
-                    "conflict: upload grant {} of workload {}/{} is in the target already \
-                     and differs; left alone",
-                    rec.id, rec.owner, rec.name
-                ));
+        };
+        for g in grants_of.get(rec.uid.as_str()).into_iter().flatten() {
+            let outcome = if inserted {
+                classify(target.import_grant(&g.record, &g.raw).map_err(db_err)?, g)
+            } else {
+                match target.grant(&g.record.id).map_err(db_err)? {
+                    // Used or revoked there: not brought back, not counted.
+                    None => continue,
+                    Some(there) => classify(Some(encode_grant(&there)?), g),
+                }
+            };
+            match outcome {
+                Outcome::Copied => report.grants.copied += 1,
+                Outcome::Same => report.grants.already += 1,
+                Outcome::Differs(_) => {
+                    report.grants.conflicts += 1;
+                    report.problems.push(format!(
+                        "conflict: upload grant {} of {label} is in the target already \
+                         and differs; left alone",
+                        g.record.id
+                    ));
+                }
             }
         }
     }
@@ -337,6 +357,10 @@ enum Outcome {
     Differs(String),
 }
 
+fn encode_grant(grant: &GrantRecord) -> Result<Vec<u8>, MigrateError> {
+    serde_json::to_vec(grant).map_err(|e| MigrateError::Other(format!("encoding a grant: {e}")))
+}
+
 /// What the target held under the record's key: nothing (now the copy),
 /// the same record, or another one.
 fn classify<T: DeserializeOwned + PartialEq + Versioned>(
@@ -370,7 +394,7 @@ impl Versioned for WorkloadRecord {
     }
 }
 
-impl Versioned for crate::store::GrantRecord {
+impl Versioned for GrantRecord {
     fn version(&self) -> Option<u64> {
         None
     }

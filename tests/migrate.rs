@@ -25,8 +25,8 @@ use common::postgres::Cluster;
 use common::workload_bundles::{noise, tgz, MEDIA};
 use common::{assert_error, Caller, TestServer};
 use context_service::store::{
-    DatabaseUrl, MetadataStore, ObjectBlobs, PostgresStore, RedbStore, RunRecord, RunSandbox,
-    RunStore,
+    DatabaseUrl, MetadataStore, ObjectBlobs, PostgresStore, RedbSource, RedbStore, RunRecord,
+    RunSandbox, RunStore,
 };
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/scale/seaweedfs.sh");
@@ -243,6 +243,12 @@ async fn migrate_copies_a_single_replica_into_postgres_and_object_storage() {
         assert!(store.grant(grant_id).unwrap().is_some(), "{}", grant.url);
     }
     let redb_before = std::fs::read(source.data_dir.join("store/meta.redb")).unwrap();
+    // The grants migrate copies: the unexpired ones (every one here).
+    let grants = {
+        let src = RedbSource::open(&source.data_dir.join("store/meta.redb")).unwrap();
+        src.grants().unwrap().len()
+    };
+    assert!(grants >= 1, "the inbox grant at least");
 
     let key = tempfile::tempdir().unwrap();
     let key_file = key.path().join("owner-scope-key");
@@ -266,6 +272,12 @@ async fn migrate_copies_a_single_replica_into_postgres_and_object_storage() {
     );
     assert!(
         stdout.contains("runs:      1 copied, 0 already there, 0 conflicts"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "grants:    {grants} copied, 0 already there, 0 conflicts"
+        )),
         "{stdout}"
     );
     let bytes: u64 = revisions.iter().map(|r| r.bytes).sum::<u64>() + draft.bytes;
@@ -310,6 +322,12 @@ async fn migrate_copies_a_single_replica_into_postgres_and_object_storage() {
     );
     assert!(
         stdout.contains("blobs:     0 copied (0 bytes), 3 already there"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "grants:    0 copied, {grants} already there, 0 conflicts"
+        )),
         "{stdout}"
     );
     assert!(
@@ -399,6 +417,7 @@ async fn migrate_copies_a_single_replica_into_postgres_and_object_storage() {
         );
     }
     assert_eq!(stderr.lines().count(), 2, "{stderr}");
+    assert!(stdout.contains("grants:    0 copied, "), "{stdout}");
     let view = target.client("alice").workload("draft").await.unwrap();
     assert_eq!(view.status, "ready", "the newer record is kept");
     assert_error(
