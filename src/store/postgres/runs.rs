@@ -1,6 +1,9 @@
 //! [`RunStore`] on PostgreSQL: delivery runs, one row each.
 
-use super::*;
+use super::{
+    col, decode, encode, lock, lock_key, pg_err, run_key, PostgresStore, RunRecord, RunStore,
+    StoreError, LOCK_RUN,
+};
 
 impl RunStore for PostgresStore {
     fn run(
