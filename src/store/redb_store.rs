@@ -371,24 +371,7 @@ impl RunStore for RedbStore {
                 .map_err(db_err)?
                 .map(|v| decode(&key, v.value()))
                 .transpose()?;
-            let stored = match current {
-                Some(c) if c.revision != run.revision || c.scope != run.scope => {
-                    return Err(StoreError::Conflict)
-                }
-                Some(mut c) => {
-                    for s in &run.sandboxes {
-                        c.sandboxes.retain(|old| old.sandbox != s.sandbox);
-                        c.sandboxes.push(s.clone());
-                    }
-                    c.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
-                    c
-                }
-                None => {
-                    let mut c = run.clone();
-                    c.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
-                    c
-                }
-            };
+            let stored = RunRecord::merged(current, run)?;
             table
                 .insert(key.as_str(), encode(&stored)?.as_slice())
                 .map_err(db_err)?;

@@ -39,6 +39,30 @@ pub struct RunRecord {
     pub created_at_ms: u64,
 }
 
+impl RunRecord {
+    /// What a store keeps when `run` is added to the stored `current`
+    /// (every store applies this one rule): a run of another revision or
+    /// scope is a [`StoreError::Conflict`]; each sandbox of `run` replaces
+    /// the one of its name; sandboxes are kept sorted by name.
+    pub fn merged(current: Option<RunRecord>, run: &RunRecord) -> Result<RunRecord, StoreError> {
+        let mut merged = match current {
+            Some(c) if c.revision != run.revision || c.scope != run.scope => {
+                return Err(StoreError::Conflict)
+            }
+            Some(mut c) => {
+                for s in &run.sandboxes {
+                    c.sandboxes.retain(|old| old.sandbox != s.sandbox);
+                    c.sandboxes.push(s.clone());
+                }
+                c
+            }
+            None => run.clone(),
+        };
+        merged.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
+        Ok(merged)
+    }
+}
+
 /// Storage of delivery runs. Every method is one transaction.
 pub trait RunStore: Send + Sync + std::fmt::Debug {
     /// The owner's run `run_id` of workload `workload`.

@@ -64,24 +64,7 @@ impl RunStore for PostgresStore {
                 .await
                 .map_err(pg_err)?;
             let current: Option<RunRecord> = row.map(|r| decode(&key, col(&r, 0)?)).transpose()?;
-            let stored = match current {
-                Some(c) if c.revision != run.revision || c.scope != run.scope => {
-                    return Err(StoreError::Conflict)
-                }
-                Some(mut c) => {
-                    for s in &run.sandboxes {
-                        c.sandboxes.retain(|old| old.sandbox != s.sandbox);
-                        c.sandboxes.push(s.clone());
-                    }
-                    c.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
-                    c
-                }
-                None => {
-                    let mut c = run.clone();
-                    c.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
-                    c
-                }
-            };
+            let stored = RunRecord::merged(current, run)?;
             let body = encode(&stored)?;
             tx.execute(
                 "INSERT INTO cs_delivery_runs (owner, workload, run_id, revision, record)
