@@ -4,7 +4,12 @@
 //! overwritten, whatever its version: the caller gets its bytes back to
 //! tell "the same" from a conflict.
 
-use super::{big, pg_err, GrantRecord, PostgresStore, RunRecord, StoreError, WorkloadRecord};
+use tokio_postgres::types::ToSql;
+
+use super::{big, col, pg_err, GrantRecord, PostgresStore, RunRecord, StoreError, WorkloadRecord};
+
+/// Parameters of one statement.
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 impl PostgresStore {
     /// Inserts the workload `record`, stored as `raw` (its JSON), unless
@@ -15,34 +20,19 @@ impl PostgresStore {
         record: &WorkloadRecord,
         raw: &[u8],
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        self.block_on(async {
-            let client = self.client().await?;
-            let n = client
-                .execute(
-                    "INSERT INTO cs_workloads (owner, name, uid, version, record)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (owner, name) DO NOTHING",
-                    &[
-                        &record.owner,
-                        &record.name,
-                        &record.uid,
-                        &big(record.version),
-                        &raw,
-                    ],
-                )
-                .await
-                .map_err(pg_err)?;
-            if n == 1 {
-                return Ok(None);
-            }
-            let row = client
-                .query_one(
-                    "SELECT record FROM cs_workloads WHERE owner = $1 AND name = $2",
-                    &[&record.owner, &record.name],
-                )
-                .await
-                .map_err(pg_err)?;
-            Ok(Some(super::col::<Vec<u8>>(&row, 0)?))
-        })
+        self.insert_or_existing(
+            "INSERT INTO cs_workloads (owner, name, uid, version, record)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (owner, name) DO NOTHING",
+            &[
+                &record.owner,
+                &record.name,
+                &record.uid,
+                &big(record.version),
+                &raw,
+            ],
+            "SELECT record FROM cs_workloads WHERE owner = $1 AND name = $2",
+            &[&record.owner, &record.name],
+        )
     }
 
     /// Inserts `grant`, stored as `raw`, unless a grant of that id exists:
@@ -52,59 +42,58 @@ impl PostgresStore {
         grant: &GrantRecord,
         raw: &[u8],
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        self.block_on(async {
-            let client = self.client().await?;
-            let n = client
-                .execute(
-                    "INSERT INTO cs_grants (id, owner, name, workload_uid, expires_at_ms, record)
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
-                    &[
-                        &grant.id,
-                        &grant.owner,
-                        &grant.name,
-                        &grant.workload_uid,
-                        &big(grant.expires_at_ms),
-                        &raw,
-                    ],
-                )
-                .await
-                .map_err(pg_err)?;
-            if n == 1 {
-                return Ok(None);
-            }
-            let row = client
-                .query_one("SELECT record FROM cs_grants WHERE id = $1", &[&grant.id])
-                .await
-                .map_err(pg_err)?;
-            Ok(Some(super::col::<Vec<u8>>(&row, 0)?))
-        })
+        self.insert_or_existing(
+            "INSERT INTO cs_grants (id, owner, name, workload_uid, expires_at_ms, record)
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+            &[
+                &grant.id,
+                &grant.owner,
+                &grant.name,
+                &grant.workload_uid,
+                &big(grant.expires_at_ms),
+                &raw,
+            ],
+            "SELECT record FROM cs_grants WHERE id = $1",
+            &[&grant.id],
+        )
     }
 
     /// Inserts the delivery `run`, stored as `raw`, unless that run exists:
     /// then `Some(bytes)` of that one, left as it is.
     pub fn import_run(&self, run: &RunRecord, raw: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.insert_or_existing(
+            "INSERT INTO cs_delivery_runs (owner, workload, run_id, revision, record)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (owner, workload, run_id) DO NOTHING",
+            &[&run.owner, &run.workload, &run.run_id, &run.revision, &raw],
+            "SELECT record FROM cs_delivery_runs
+             WHERE owner = $1 AND workload = $2 AND run_id = $3",
+            &[&run.owner, &run.workload, &run.run_id],
+        )
+    }
+
+    /// Runs `insert` (an `ON CONFLICT DO NOTHING`); when it inserted
+    /// nothing, the `record` column `existing` selects.
+    fn insert_or_existing(
+        &self,
+        insert: &str,
+        insert_params: Params<'_>,
+        existing: &str,
+        existing_params: Params<'_>,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         self.block_on(async {
             let client = self.client().await?;
-            let n = client
-                .execute(
-                    "INSERT INTO cs_delivery_runs (owner, workload, run_id, revision, record)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (owner, workload, run_id) DO NOTHING",
-                    &[&run.owner, &run.workload, &run.run_id, &run.revision, &raw],
-                )
+            let inserted = client
+                .execute(insert, insert_params)
                 .await
                 .map_err(pg_err)?;
-            if n == 1 {
+            if inserted == 1 {
                 return Ok(None);
             }
             let row = client
-                .query_one(
-                    "SELECT record FROM cs_delivery_runs
-                     WHERE owner = $1 AND workload = $2 AND run_id = $3",
-                    &[&run.owner, &run.workload, &run.run_id],
-                )
+                .query_one(existing, existing_params)
                 .await
                 .map_err(pg_err)?;
-            Ok(Some(super::col::<Vec<u8>>(&row, 0)?))
+            Ok(Some(col::<Vec<u8>>(&row, 0)?))
         })
     }
 }
