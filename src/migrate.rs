@@ -17,17 +17,16 @@
 //!   target is a conflict, reported and left alone.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 
 use crate::store::{
-    is_digest, DatabaseUrl, GrantRecord, MetadataStore, ObjectBlobs, ObjectError, PostgresStore,
-    PutOutcome, RedbSource, RevisionRecord, SourceRecord, StoreError, WorkloadRecord,
-    WorkloadStatus, SCHEMA_OWNER_KINDS,
+    hash_file, is_digest, DatabaseUrl, GrantRecord, MetadataStore, ObjectBlobs, ObjectError,
+    PostgresStore, PutOutcome, RedbSource, RevisionRecord, SourceRecord, StoreError,
+    WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
 };
 
 /// Settings of `context-service migrate`.
@@ -496,23 +495,6 @@ async fn copy_blobs(
         }
     }
     Ok(done)
-}
-
-/// Size and sha256 (hex) of the file at `path`. Blocking.
-fn hash_file(path: &Path) -> io::Result<(u64, String)> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        total += n as u64;
-        hasher.update(&buf[..n]);
-    }
-    Ok((total, hex::encode(hasher.finalize())))
 }
 
 fn now_ms() -> u64 {

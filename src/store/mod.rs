@@ -15,7 +15,9 @@ mod redb_store;
 mod runs;
 
 pub use blob::{is_digest, BlobStore, TempBlob};
-pub use object::{ObjectBlobs, ObjectError, PutOutcome, StoredObject, DEFAULT_PART_BYTES};
+pub use object::{
+    hash_file, ObjectBlobs, ObjectError, PutOutcome, StoredObject, DEFAULT_PART_BYTES,
+};
 pub use postgres::{DatabaseUrl, PostgresStore};
 pub use redb_source::{RedbSource, SourceError, SourceRecord};
 pub use redb_store::RedbStore;

@@ -418,7 +418,7 @@ impl ObjectBlobs {
 }
 
 /// Size and sha256 (hex) of the file at `path`. Blocking.
-fn hash_file(path: &FsPath) -> io::Result<(u64, String)> {
+pub fn hash_file(path: &FsPath) -> io::Result<(u64, String)> {
     let mut file = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
