@@ -214,6 +214,7 @@ impl ServeConfig {
             deflate_threads: self.bundle_threads.into(),
             blob_url: self.blob_url.clone(),
             blob_gc_grace: self.blob_gc_grace,
+            blob_local_max_bytes: self.blob_local_max_bytes,
             database_url: self.database_url.clone(),
         }
     }

@@ -208,6 +208,11 @@ pub struct ServeConfig {
     /// replica may have stored it and not yet named it).
     #[arg(long, env = "CS_BLOB_GC_GRACE", default_value = "15m", value_parser = humantime::parse_duration)]
     pub blob_gc_grace: std::time::Duration,
+    /// With `--blob-url`: about how many bytes this replica's disk copies
+    /// of stored bundles may take (8 GiB by default); the least recently
+    /// used are dropped beyond it and fetched again when needed.
+    #[arg(long, env = "CS_BLOB_LOCAL_MAX_BYTES", default_value_t = crate::workload::DEFAULT_BLOB_LOCAL_BYTES)]
+    pub blob_local_max_bytes: u64,
     /// Byte budget of the in-memory bundle cache (512 MiB by default).
     #[arg(long, env = "CS_CACHE_BYTES", default_value_t = 512 * 1024 * 1024)]
     pub cache_bytes: u64,

@@ -4,17 +4,27 @@
 //! `<root>/sha256/`, fsynced, renamed into place and the directory fsynced,
 //! so a crash leaves either the whole blob or a temp file that startup
 //! removes.
+//!
+//! When the blobs are only copies of object storage the store is opened
+//! [bounded](BlobStore::open_bounded): it accounts for every copy it
+//! persists or removes, and [`BlobStore::trim`] drops the least recently
+//! used ones that exceed the byte budget.
 
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
 
+use super::copies::LocalCopies;
 use crate::fsutil::{self, TEMP_PREFIX};
 
 /// The blob directory.
 #[derive(Debug, Clone)]
 pub struct BlobStore {
     dir: PathBuf,
+    /// The byte budget of copies (bounded stores only).
+    copies: Option<Arc<LocalCopies>>,
 }
 
 /// A blob being written. Dropping it without [`BlobStore::persist`] deletes
@@ -56,7 +66,60 @@ impl BlobStore {
     pub fn open(root: &Path) -> io::Result<Self> {
         let dir = root.join("sha256");
         fsutil::ensure_dir(&dir, 0o700)?;
-        Ok(Self { dir })
+        Ok(Self { dir, copies: None })
+    }
+
+    /// Opens (creating) a store of copies under `root` that keeps about
+    /// `budget` bytes: the blobs already there are accounted for, least
+    /// recently modified first out. Blocking.
+    pub fn open_bounded(root: &Path, budget: u64) -> io::Result<Self> {
+        let mut store = Self::open(root)?;
+        let copies = LocalCopies::new(budget);
+        let mut found = Vec::new();
+        for digest in store.digests()? {
+            let meta = fs::metadata(store.path(&digest)?)?;
+            let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            found.push((modified, digest, meta.len()));
+        }
+        found.sort();
+        for (_, digest, len) in found {
+            copies.add(&digest, len);
+        }
+        store.copies = Some(Arc::new(copies));
+        Ok(store)
+    }
+
+    /// The copies' budget and the bytes they take now (bounded stores).
+    pub fn usage(&self) -> Option<(u64, u64)> {
+        let copies = self.copies.as_ref()?;
+        Some((copies.budget(), copies.bytes()))
+    }
+
+    /// Marks the blob `digest` as just used, so the budget keeps it longer.
+    pub fn touch(&self, digest: &str) {
+        if let Some(copies) = &self.copies {
+            if !copies.touch(digest) {
+                // On disk but not on record (e.g. written by an older
+                // version while running): account for it now.
+                if let Some(len) = self.path(digest).ok().and_then(|p| fs::metadata(p).ok()) {
+                    copies.add(digest, len.len());
+                }
+            }
+        }
+    }
+
+    /// Removes the least recently used copies beyond the budget; returns
+    /// their digests. The caller holds whatever lock orders removals with
+    /// persists. Blocking; a no-op unless bounded.
+    pub fn trim(&self) -> io::Result<Vec<String>> {
+        let Some(copies) = &self.copies else {
+            return Ok(Vec::new());
+        };
+        let victims = copies.over_budget();
+        for digest in &victims {
+            self.remove(digest)?;
+        }
+        Ok(victims)
     }
 
     /// Where the blob `digest` lives.
@@ -91,18 +154,23 @@ impl BlobStore {
             fsutil::ensure_dir(parent, 0o700)?;
             fsutil::sync_dir(&self.dir)?;
         }
-        if target.is_file() {
-            // Same digest, same bytes: the temp file is dropped (deleted).
-            return Ok(target);
+        if !target.is_file() {
+            temp.file.persist(&target).map_err(|e| e.error)?;
+            fsutil::sync_dir(parent)?;
         }
-        temp.file.persist(&target).map_err(|e| e.error)?;
-        fsutil::sync_dir(parent)?;
+        // Else same digest, same bytes: the temp file is dropped (deleted).
+        if let Some(copies) = &self.copies {
+            copies.add(digest, fs::metadata(&target)?.len());
+        }
         Ok(target)
     }
 
     /// Deletes the blob `digest` (absent is fine). Blocking.
     pub fn remove(&self, digest: &str) -> io::Result<()> {
         let path = self.path(digest)?;
+        if let Some(copies) = &self.copies {
+            copies.forget(digest);
+        }
         match fs::remove_file(&path) {
             Ok(()) => {
                 if let Some(parent) = path.parent() {
@@ -201,5 +269,49 @@ mod tests {
         assert!(blobs.path("../../etc/passwd").is_err());
         assert!(blobs.path(&D.to_uppercase()).is_err());
         assert!(!blobs.exists("zz"));
+    }
+
+    fn put(blobs: &BlobStore, digest: &str, len: usize) {
+        let temp = blobs.temp().unwrap();
+        temp.writer().unwrap().write_all(&vec![7; len]).unwrap();
+        blobs.persist(temp, digest).unwrap();
+    }
+
+    fn digest(n: u8) -> String {
+        format!("{n:02x}{}", "0".repeat(62))
+    }
+
+    #[test]
+    fn a_bounded_store_trims_the_least_recently_used_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::open_bounded(dir.path(), 250).unwrap();
+        put(&blobs, &digest(1), 100);
+        put(&blobs, &digest(2), 100);
+        assert!(blobs.trim().unwrap().is_empty());
+        blobs.touch(&digest(1));
+        put(&blobs, &digest(3), 100);
+        assert_eq!(blobs.trim().unwrap(), vec![digest(2)]);
+        assert!(!blobs.exists(&digest(2)) && blobs.exists(&digest(1)));
+        assert_eq!(blobs.usage(), Some((250, 200)));
+        // A removal elsewhere (a delete) is accounted for.
+        blobs.remove(&digest(1)).unwrap();
+        assert_eq!(blobs.usage(), Some((250, 100)));
+
+        // Reopened with less room: what is on disk counts, and trims.
+        put(&blobs, &digest(4), 100);
+        let reopened = BlobStore::open_bounded(dir.path(), 150).unwrap();
+        assert_eq!(reopened.usage(), Some((150, 200)));
+        assert_eq!(reopened.trim().unwrap().len(), 1);
+        assert_eq!(reopened.digests().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_unbounded_store_never_trims() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::open(dir.path()).unwrap();
+        put(&blobs, &digest(1), 100);
+        assert!(blobs.trim().unwrap().is_empty());
+        assert_eq!(blobs.usage(), None);
+        assert!(blobs.exists(&digest(1)));
     }
 }

@@ -8,6 +8,7 @@
 //! directory fsync) before any metadata that names it commits.
 
 mod blob;
+mod copies;
 mod object;
 mod postgres;
 mod redb_source;

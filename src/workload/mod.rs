@@ -34,7 +34,7 @@ pub use metrics::WorkloadMetrics;
 pub use recovery::RecoveryReport;
 pub use service::{
     CreateWorkload, WorkloadService, WorkloadSettings, DEFAULT_BLOB_GC_GRACE,
-    DEFAULT_UPLOAD_TEMP_BYTES,
+    DEFAULT_BLOB_LOCAL_BYTES, DEFAULT_UPLOAD_TEMP_BYTES,
 };
 pub use upload::BodyStream;
 pub use view::{rfc3339, RevisionView, UploadGrantView, WorkloadView, BUNDLE_MEDIA_TYPE};

@@ -57,6 +57,25 @@ impl Inner {
         Ok(removed)
     }
 
+    /// Drops the least recently used disk copies of object storage beyond
+    /// their budget (a no-op without object storage). Caller holds `gc`. A
+    /// failure only leaves the disk fuller: logged, never the request's.
+    pub(super) fn trim_copies(&self) {
+        match self.blobs.trim() {
+            Ok(dropped) if !dropped.is_empty() => {
+                let (budget, bytes) = self.blobs.usage().unwrap_or_default();
+                tracing::debug!(
+                    dropped = dropped.len(),
+                    bytes,
+                    budget,
+                    "dropped local copies of stored bundles beyond the budget"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "dropping local copies of stored bundles failed"),
+        }
+    }
+
     /// Removes a `deleting` record and its unnamed blobs; `false` when the
     /// record changed meanwhile.
     pub(super) fn finish_delete(&self, record: &WorkloadRecord) -> Result<bool, WorkloadError> {

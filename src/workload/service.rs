@@ -42,6 +42,10 @@ pub struct WorkloadSettings {
     /// How old an object no workload names must be before it is deleted
     /// from object storage (another replica may be about to name it).
     pub blob_gc_grace: Duration,
+    /// With `blob_url`: about how many bytes this replica's disk copies may
+    /// take; the least recently used are dropped beyond it (and fetched
+    /// again when needed).
+    pub blob_local_max_bytes: u64,
     /// Metadata on this PostgreSQL database; `None`: the embedded store
     /// under the data dir.
     pub database_url: Option<DatabaseUrl>,
@@ -49,6 +53,9 @@ pub struct WorkloadSettings {
 
 /// Default of [`WorkloadSettings::blob_gc_grace`]: 15 minutes.
 pub const DEFAULT_BLOB_GC_GRACE: Duration = Duration::from_secs(15 * 60);
+
+/// Default of [`WorkloadSettings::blob_local_max_bytes`]: 8 GiB.
+pub const DEFAULT_BLOB_LOCAL_BYTES: u64 = 8 << 30;
 
 /// Default of [`WorkloadSettings::upload_temp_bytes`]: 4 GiB.
 pub const DEFAULT_UPLOAD_TEMP_BYTES: u64 = 4 << 30;
@@ -64,6 +71,7 @@ impl Default for WorkloadSettings {
             deflate_threads: 0,
             blob_url: None,
             blob_gc_grace: DEFAULT_BLOB_GC_GRACE,
+            blob_local_max_bytes: DEFAULT_BLOB_LOCAL_BYTES,
             database_url: None,
         }
     }
@@ -158,6 +166,7 @@ impl WorkloadService {
             ),
             None => None,
         };
+        let copies_only = objects.is_some();
         let (service, report) = blocking(move || {
             let (store, runs): (Arc<dyn MetadataStore>, Arc<dyn RunStore>) =
                 match &settings.database_url {
@@ -174,7 +183,12 @@ impl WorkloadService {
                         (store.clone(), store)
                     }
                 };
-            let blobs = BlobStore::open(&data_dir.join("blobs"))?;
+            let blobs_dir = data_dir.join("blobs");
+            let blobs = if copies_only {
+                BlobStore::open_bounded(&blobs_dir, settings.blob_local_max_bytes)?
+            } else {
+                BlobStore::open(&blobs_dir)?
+            };
             let spool_dir = data_dir.join("tmp");
             fsutil::ensure_dir(&spool_dir, 0o700)?;
             let metrics = WorkloadMetrics::default();
@@ -211,6 +225,7 @@ impl WorkloadService {
             return Ok(());
         };
         if self.inner.blobs.exists(digest) {
+            self.inner.blobs.touch(digest);
             return Ok(());
         }
         let temp = self.inner.blobs.temp()?;
@@ -222,6 +237,7 @@ impl WorkloadService {
             // never sees a half-made blob.
             let _gc = inner.lock_gc();
             inner.blobs.persist(temp, &digest)?;
+            inner.trim_copies();
             Ok(())
         })
         .await
@@ -489,12 +505,25 @@ impl WorkloadService {
                 .await?;
         }
         let path = self.inner.blobs.path(&revision.bundle_digest)?;
-        match self
+        let mut opened = self
             .inner
             .cache
             .get(&revision.bundle_digest, revision.bytes, &path)
-            .await
+            .await;
+        if matches!(&opened, Err(e) if e.kind() == io::ErrorKind::NotFound)
+            && self.inner.objects.is_some()
         {
+            // The disk copy was dropped for the budget between the check
+            // and the open: fetch it again, once.
+            self.ensure_local(&revision.bundle_digest, revision.bytes)
+                .await?;
+            opened = self
+                .inner
+                .cache
+                .get(&revision.bundle_digest, revision.bytes, &path)
+                .await;
+        }
+        match opened {
             Ok(b) => {
                 self.inner.metrics.downloaded(b.is_memory());
                 self.inner.metrics.cache(self.inner.cache.stats());

@@ -201,6 +201,7 @@ impl Inner {
             maybe_unused.push(old.clone());
         }
         self.collect(&maybe_unused)?;
+        self.trim_copies();
         outcome.map(|_| ())
     }
 }

@@ -308,10 +308,18 @@ fn ha_overlay_runs_the_base_pod_on_shared_stores() {
         "ports",
         "readinessProbe",
         "livenessProbe",
-        "resources",
         "securityContext",
     ] {
         assert_eq!(hc[key], bc[key], "container {key}");
+    }
+    // The same CPU and memory; ephemeral storage differs (below).
+    for bound in ["requests", "limits"] {
+        for resource in ["cpu", "memory"] {
+            assert_eq!(
+                hc["resources"][bound][resource], bc["resources"][bound][resource],
+                "{bound}.{resource}"
+            );
+        }
     }
     assert_eq!(
         hc["startupProbe"]["httpGet"], bc["startupProbe"]["httpGet"],
@@ -349,6 +357,32 @@ fn ha_overlay_runs_the_base_pod_on_shared_stores() {
             .unwrap_or_else(|| panic!("no volume {name}"))
     };
     assert!(volume("data")["emptyDir"].is_object());
+    // The emptyDirs are the pod's ephemeral storage: its limit holds them,
+    // and the data dir holds the bounded disk copies and the upload spool.
+    let size_limit = |name: &str| bytes_of(&volume(name)["emptyDir"]["sizeLimit"]);
+    let (data, tmp) = (size_limit("data"), size_limit("tmp"));
+    let ephemeral = bytes_of(&hc["resources"]["limits"]["ephemeral-storage"]);
+    assert!(
+        ephemeral >= data + tmp,
+        "ephemeral-storage {ephemeral} < {data} + {tmp}"
+    );
+    let env_value = |var: &str| -> u64 {
+        let entries = hc["env"].as_array().expect("env");
+        let entry = entries.iter().find(|e| e["name"] == var);
+        let value = match entry {
+            Some(e) => e["value"].as_str().map(str::to_owned),
+            None => document("deploy/base/configmap.yaml", "ConfigMap")["data"][var]
+                .as_str()
+                .map(str::to_owned),
+        };
+        value.unwrap_or_else(|| panic!("no {var}")).parse().unwrap()
+    };
+    let copies = env_value("CS_BLOB_LOCAL_MAX_BYTES");
+    let spool = env_value("CS_UPLOAD_TEMP_MAX_BYTES");
+    assert!(
+        copies + spool < data,
+        "copies {copies} + spool {spool} >= data {data}"
+    );
 
     // Secrets hold what must not be in the ConfigMap, required (no
     // `optional`: a replica without them must not start on its own store).
@@ -401,4 +435,16 @@ fn ha_overlay_runs_the_base_pod_on_shared_stores() {
     // PostgreSQL's port is let out.
     let ops = ha_patch_ops(&kustomization, "NetworkPolicy");
     assert!(ops.iter().any(|op| op["value"]["port"] == 5432), "{ops:?}");
+}
+
+/// A Kubernetes quantity of bytes with a binary suffix (`10Gi`, `64Mi`).
+fn bytes_of(quantity: &Value) -> u64 {
+    let text = quantity.as_str().expect("a quantity string");
+    let (number, shift) = match text {
+        t if t.ends_with("Gi") => (&t[..t.len() - 2], 30),
+        t if t.ends_with("Mi") => (&t[..t.len() - 2], 20),
+        t if t.ends_with("Ki") => (&t[..t.len() - 2], 10),
+        t => (t, 0),
+    };
+    number.parse::<u64>().expect("an integer quantity") << shift
 }

@@ -40,6 +40,7 @@ mod pool_lifetime;
 mod pools;
 mod quotas;
 mod readme_examples;
+mod replicas;
 mod scale_out;
 mod service;
 mod shutdown;

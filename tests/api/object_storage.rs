@@ -8,43 +8,14 @@
 //! object-storage phase), where a missing server fails.
 
 use std::path::Path as FsPath;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use object_store::aws::AmazonS3Builder;
-use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutPayload};
 use serde_json::{json, Value};
 
+use crate::common::s3::{bucket, exists, key, local_blob, raw};
 use crate::common::workload_bundles::{noise, tgz};
-use crate::common::{assert_error, Caller, TestServer};
-
-/// The test bucket, or `None` (after saying why) without an S3 server.
-fn bucket() -> Option<String> {
-    match std::env::var("CONTEXT_SERVICE_TEST_S3_BUCKET") {
-        Ok(b) if !b.is_empty() => Some(b),
-        _ => {
-            assert!(
-                std::env::var_os("CONTEXT_SERVICE_REQUIRE_S3").is_none(),
-                "CONTEXT_SERVICE_REQUIRE_S3 is set but no S3 server is configured"
-            );
-            eprintln!("skipped: no S3 server (eval \"$(tests/scale/seaweedfs.sh env)\")");
-            None
-        }
-    }
-}
-
-/// A raw client of the test bucket, to look at and tamper with objects.
-fn raw(bucket: &str) -> Arc<dyn ObjectStore> {
-    context_service::client::install_crypto_provider();
-    Arc::new(
-        AmazonS3Builder::from_env()
-            .with_bucket_name(bucket)
-            .with_virtual_hosted_style_request(false)
-            .build()
-            .expect("raw S3 client"),
-    )
-}
+use crate::common::{assert_error, eventually, Caller, TestServer};
 
 /// A server with its own prefix in the bucket; returns it and the prefix.
 async fn server(bucket: &str, grace: Option<Duration>) -> (TestServer, String) {
@@ -60,30 +31,11 @@ async fn server(bucket: &str, grace: Option<Duration>) -> (TestServer, String) {
     (server, prefix)
 }
 
-fn key(prefix: &str, digest: &str) -> Path {
-    Path::from(format!("{prefix}/sha256/{}/{digest}", &digest[..2]))
-}
-
-fn local_blob(data_dir: &FsPath, digest: &str) -> std::path::PathBuf {
-    data_dir
-        .join("blobs/sha256")
-        .join(&digest[..2])
-        .join(digest)
-}
-
 /// Empties the local blob directory (the replica's copy).
 fn wipe_local_blobs(data_dir: &FsPath) {
     let dir = data_dir.join("blobs/sha256");
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::create_dir_all(&dir).unwrap();
-}
-
-async fn exists(raw: &Arc<dyn ObjectStore>, key: &Path) -> bool {
-    match raw.head(key).await {
-        Ok(_) => true,
-        Err(object_store::Error::NotFound { .. }) => false,
-        Err(e) => panic!("head {key}: {e}"),
-    }
 }
 
 async fn download(caller: &Caller, name: &str, revision: &str) -> reqwest::Response {
@@ -262,18 +214,6 @@ async fn a_tampered_object_is_refused_not_served_nor_kept() {
     .await;
 }
 
-/// Polls `check` every 250 ms for up to `limit`.
-async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    false
-}
-
 #[tokio::test]
 async fn objects_are_collected_only_when_unnamed_and_past_the_grace_period() {
     let Some(bucket) = bucket() else { return };
@@ -324,4 +264,89 @@ async fn objects_are_collected_only_when_unnamed_and_past_the_grace_period() {
     })
     .await;
     assert!(gone, "the object of deleted workloads stayed");
+}
+
+/// Bytes of the local copies under `data_dir`, and how many there are.
+fn local_copies(data_dir: &FsPath) -> (u64, usize) {
+    let mut total = (0, 0);
+    let root = data_dir.join("blobs/sha256");
+    for shard in std::fs::read_dir(root).unwrap().flatten() {
+        if !shard.file_type().unwrap().is_dir() {
+            continue;
+        }
+        for blob in std::fs::read_dir(shard.path()).unwrap().flatten() {
+            total.0 += blob.metadata().unwrap().len();
+            total.1 += 1;
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn local_copies_stay_within_their_budget_and_dropped_ones_are_fetched_again() {
+    let Some(bucket) = bucket() else { return };
+    let prefix = format!("budget-{:016x}", rand::random::<u64>());
+    let budget: u64 = 700_000;
+    let adjust = |c: &mut context_service::config::ServeConfig| {
+        c.blob_url = Some(format!("s3://{bucket}/{prefix}"));
+        c.blob_local_max_bytes = budget;
+        // Every download reads the disk copy (nothing is held in memory).
+        c.cache_bytes = 0;
+    };
+    let server = TestServer::start_with(adjust).await;
+    let client = server.client("alice");
+    // Three incompressible bundles of ≈300 kB: two fit the budget.
+    let mut revisions = Vec::new();
+    for i in 0..3u8 {
+        let name = format!("w{i}");
+        client.create_workload(Some(&name), None).await.unwrap();
+        let body = tgz(&[("data.bin", &noise(300_000, u64::from(i)))]);
+        let rev = client.upload_bundle(&name, body).await.unwrap();
+        client
+            .activate_workload(&name, &rev.revision)
+            .await
+            .unwrap();
+        let (bytes, count) = local_copies(&server.data_dir);
+        assert!(bytes <= budget, "{bytes} bytes on disk after upload {i}");
+        assert_eq!(count, (i as usize + 1).min(2), "copies after upload {i}");
+        revisions.push((name, rev));
+    }
+    // The oldest went first.
+    assert!(!local_blob(&server.data_dir, &revisions[0].1.bundle_digest).exists());
+    assert!(local_blob(&server.data_dir, &revisions[2].1.bundle_digest).exists());
+
+    // Every bundle is still served, the dropped one fetched again (and
+    // verified), and the disk stays within the budget each time.
+    let alice = Caller::user(&server, "alice");
+    for round in 0..2 {
+        for (name, rev) in &revisions {
+            let resp = download(&alice, name, &rev.revision).await;
+            assert_eq!(resp.status().as_u16(), 200, "{name} in round {round}");
+            let body = resp.bytes().await.unwrap();
+            assert_eq!(
+                hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&body)),
+                rev.bundle_digest
+            );
+            let (bytes, _) = local_copies(&server.data_dir);
+            assert!(bytes <= budget, "{bytes} bytes on disk after {name}");
+        }
+    }
+
+    // Restarted with a smaller budget, the service accounts for what is on
+    // disk: the next copy it makes leaves one.
+    let mut server = server;
+    server.stop().await;
+    let server = TestServer::start_in(&server.data_dir.clone(), |c| {
+        adjust(c);
+        c.blob_local_max_bytes = 400_000;
+    })
+    .await
+    .owning(server.into_dir());
+    let (name, rev) = &revisions[0];
+    assert!(!local_blob(&server.data_dir, &rev.bundle_digest).exists());
+    let resp = download(&Caller::user(&server, "alice"), name, &rev.revision).await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let (bytes, count) = local_copies(&server.data_dir);
+    assert_eq!(count, 1, "{bytes} bytes in {count} copies");
+    assert!(local_blob(&server.data_dir, &rev.bundle_digest).exists());
 }

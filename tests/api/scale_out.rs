@@ -23,7 +23,7 @@ async fn json_of(resp: reqwest::Response, status: u16) -> Value {
 }
 
 /// Copies the development signing key, so both services trust one token.
-fn share_auth(from: &Path, to: &Path) {
+pub(crate) fn share_auth(from: &Path, to: &Path) {
     let (src, dst) = (from.join("auth"), to.join("auth"));
     std::fs::create_dir_all(&dst).unwrap();
     for entry in std::fs::read_dir(&src).unwrap() {

@@ -12,8 +12,10 @@ mod caller;
 #[cfg(feature = "e2e")]
 pub(crate) mod k8s;
 pub(crate) mod postgres;
+pub(crate) mod process;
 #[cfg(feature = "e2e")]
 pub(crate) mod rbac;
+pub(crate) mod s3;
 pub(crate) mod workload_bundles;
 #[allow(unused_imports)]
 pub(crate) use archive::*;
@@ -169,6 +171,12 @@ impl TestServer {
         self
     }
 
+    /// The data dir the server owns, handed over (e.g. to a server started
+    /// again on it); the server must be stopped first.
+    pub(crate) fn into_dir(mut self) -> tempfile::TempDir {
+        self._dir.take().expect("the server owns its data dir")
+    }
+
     /// The settings the server runs with.
     pub(crate) fn config(&self) -> &ServeConfig {
         &self.config
@@ -250,6 +258,21 @@ impl Drop for TestServer {
 /// `CONTEXT_SERVICE_TEST_DATABASE=postgres` puts the others on PostgreSQL.
 pub(crate) fn embedded_only(config: &mut ServeConfig) {
     config.database_url = None;
+}
+
+/// Polls `check` every 100 ms until it holds (`true`) or `limit` passed
+/// (`false`).
+pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Asserts an error response: status, `error` code, and a message fragment.

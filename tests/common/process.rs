@@ -1,0 +1,108 @@
+//! A real `context-service serve` child process with JSON logs on stderr,
+//! for tests that signal or kill it (shutdown, crash recovery).
+
+use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::process::{kill_process, Pid, Signal};
+use serde_json::Value;
+
+/// A `context-service serve` child with JSON logs on stderr.
+pub(crate) struct Process {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
+    /// Every stderr line so far.
+    lines: Arc<Mutex<Vec<String>>>,
+    /// The thread reading stderr; it ends at EOF, once the process is gone.
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Process {
+    /// Starts the binary on `data_dir` with `args` and waits for its
+    /// "listening" line.
+    pub(crate) fn start(data_dir: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_context-service"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("context-service starts");
+        let stderr = child.stderr.take().expect("stderr");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = lines.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line.clone());
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addr = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("no `listening` line: {e}"));
+            let Ok(log) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if log["fields"]["message"] == "listening" {
+                break log["fields"]["addr"]
+                    .as_str()
+                    .expect("addr")
+                    .parse()
+                    .expect("a socket address");
+            }
+        };
+        Self {
+            child,
+            addr,
+            lines,
+            reader: Some(reader),
+        }
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub(crate) fn signal(&self, signal: Signal) {
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).unwrap()).unwrap();
+        kill_process(pid, signal).unwrap();
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub(crate) fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // The last lines may still be in the pipe: read them all.
+                if let Some(reader) = self.reader.take() {
+                    reader.join().expect("stderr reader");
+                }
+                return status;
+            }
+            assert!(Instant::now() < deadline, "still running after {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub(crate) fn logs(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
