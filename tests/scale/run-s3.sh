@@ -8,7 +8,10 @@
 #      second, private SeaweedFS it stops and starts);
 #   3. the workload-related API suite again, every spawned service keeping
 #      its bundles under its own prefix of the test bucket
-#      (CONTEXT_SERVICE_TEST_BLOBS=s3), with tests/api/object_storage.rs.
+#      (CONTEXT_SERVICE_TEST_BLOBS=s3), with tests/api/object_storage.rs and
+#      tests/api/replicas.rs (two replicas on PostgreSQL + one bucket);
+#   4. the same suite once more as a scaled-out deployment runs: metadata on
+#      PostgreSQL and bundles in S3 together.
 # Extra arguments go to the test binaries, e.g. `--test-threads=2`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,6 +28,8 @@ cargo test --locked --test object_store --test object_storage_outage --test migr
 # The parts of the API suite that store, read or deliver bundles. Local-only
 # (skipped here, said in their output): workloads_recovery::recovery_after_a_crash
 # deletes a blob file and expects the workload to fail.
-CONTEXT_SERVICE_TEST_BLOBS=s3 cargo test --locked --test api -- "$@" \
-	workloads contexts deliveries owners trusted upload_limits quotas \
-	compat_delete contextctl_workload object_storage
+suite=(workloads contexts deliveries owners trusted upload_limits quotas
+	compat_delete contextctl_workload object_storage replicas)
+CONTEXT_SERVICE_TEST_BLOBS=s3 cargo test --locked --test api -- "$@" "${suite[@]}"
+CONTEXT_SERVICE_TEST_BLOBS=s3 CONTEXT_SERVICE_TEST_DATABASE=postgres \
+	cargo test --locked --test api -- "$@" "${suite[@]}"
