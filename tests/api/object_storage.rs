@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::common::s3::{bucket, exists, key, local_blob, raw};
 use crate::common::workload_bundles::{noise, tgz};
-use crate::common::{assert_error, eventually, Caller, TestServer};
+use crate::common::{assert_error, deliver, eventually, Caller, TestServer};
 
 /// A server with its own prefix in the bucket; returns it and the prefix.
 async fn server(bucket: &str, grace: Option<Duration>) -> (TestServer, String) {
@@ -111,16 +111,7 @@ async fn a_replica_without_its_local_copy_fetches_verifies_and_delivers_the_bund
         "{}",
         resp.text().await.unwrap()
     );
-    let delivered = json_ok(
-        alice
-            .post(
-                "/v1/workloads/docs/deliveries",
-                &json!({"runId": "run-1", "sandbox": "sandbox-p-0"}),
-            )
-            .await,
-        201,
-    )
-    .await;
+    let delivered = json_ok(deliver(&alice, "docs", "run-1", "sandbox-p-0").await, 201).await;
     let d = &delivered["deliveries"][0];
     assert!(d.get("error").is_none(), "{delivered}");
     let path = std::path::PathBuf::from(d["path"].as_str().unwrap());

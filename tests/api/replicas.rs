@@ -22,7 +22,7 @@ use crate::common::postgres::Cluster;
 use crate::common::process::Process;
 use crate::common::s3::{bucket, digests_under, fresh_prefix, local_blob, raw};
 use crate::common::workload_bundles::{noise, tgz, MEDIA};
-use crate::common::{assert_error, eventually, Caller, TestServer};
+use crate::common::{assert_error, deliver, eventually, Caller, TestServer};
 use context_service::config::ServeConfig;
 use context_service::store::DatabaseUrl;
 
@@ -88,16 +88,7 @@ async fn what_one_replica_stores_the_other_serves_delivers_and_forgets_on_delete
     let pool = json!({"name": "p", "replicas": 1,
         "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
     json_of(alice_b.post("/v1/sandbox-pools", &pool).await, 201).await;
-    let delivered = json_of(
-        alice_b
-            .post(
-                "/v1/workloads/docs/deliveries",
-                &json!({"runId": "run-1", "sandbox": "sandbox-p-0"}),
-            )
-            .await,
-        201,
-    )
-    .await;
+    let delivered = json_of(deliver(&alice_b, "docs", "run-1", "sandbox-p-0").await, 201).await;
     let d = &delivered["deliveries"][0];
     assert_eq!(delivered["revision"], rev.revision.as_str(), "{delivered}");
     let root = PathBuf::from(d["path"].as_str().expect("delivery path"));
@@ -119,12 +110,7 @@ async fn what_one_replica_stores_the_other_serves_delivers_and_forgets_on_delete
     )
     .await;
     assert_error(
-        alice_b
-            .post(
-                "/v1/workloads/docs/deliveries",
-                &json!({"runId": "run-2", "sandbox": "sandbox-p-0"}),
-            )
-            .await,
+        deliver(&alice_b, "docs", "run-2", "sandbox-p-0").await,
         404,
         "workload_not_found",
         "workload \"docs\" not found",
@@ -272,14 +258,8 @@ async fn a_replica_killed_mid_upload_leaves_no_partial_state_and_no_orphan_after
     let restarted = Process::start(a_dir.path(), &args);
     assert_eq!(temp_files(a_dir.path()), Vec::<PathBuf>::new());
     assert!(!local_blob(a_dir.path(), &orphan).exists());
-    let shown: Value = reqwest::Client::new()
-        .get(restarted.url("/v1/workloads/docs"))
-        .bearer_auth(b.user_token("alice"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let shown = restarted
+        .get_json("/v1/workloads/docs", &b.user_token("alice"))
+        .await;
     assert_eq!(shown["candidateRevision"], uploaded["revision"], "{shown}");
 }

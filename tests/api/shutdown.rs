@@ -185,15 +185,7 @@ async fn sigterm_drains_a_slow_download_then_closes_the_store() {
 
     // The store reopens with the workload.
     let again = Process::start(&data_dir, &[]);
-    let got: Value = fresh_client()
-        .get(again.url("/v1/workloads/big"))
-        .bearer_auth(token(&data_dir))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got = again.get_json("/v1/workloads/big", &token(&data_dir)).await;
     assert_eq!(got["status"], "ready", "{got}");
     assert_eq!(got["bundleDigest"], digest.as_str());
 }

@@ -260,6 +260,20 @@ pub(crate) fn embedded_only(config: &mut ServeConfig) {
     config.database_url = None;
 }
 
+/// `POST /v1/workloads/{workload}/deliveries` of run `run_id` into one
+/// `sandbox`.
+pub(crate) async fn deliver(
+    caller: &Caller,
+    workload: &str,
+    run_id: &str,
+    sandbox: &str,
+) -> reqwest::Response {
+    let body = serde_json::json!({ "runId": run_id, "sandbox": sandbox });
+    caller
+        .post(&format!("/v1/workloads/{workload}/deliveries"), &body)
+        .await
+}
+
 /// Polls `check` every 100 ms until it holds (`true`) or `limit` passed
 /// (`false`).
 pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {

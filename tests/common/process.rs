@@ -74,6 +74,24 @@ impl Process {
         format!("http://{}{path}", self.addr)
     }
 
+    /// `GET path` with `token` on a connection of its own; the JSON body.
+    pub(crate) async fn get_json(&self, path: &str, token: &str) -> Value {
+        context_service::client::install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("client");
+        let resp = client
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        resp.json()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: not JSON: {e}"))
+    }
+
     pub(crate) fn signal(&self, signal: Signal) {
         let pid = Pid::from_raw(i32::try_from(self.child.id()).unwrap()).unwrap();
         kill_process(pid, signal).unwrap();
