@@ -267,6 +267,71 @@ async fn an_unreachable_database_stops_the_start() {
     assert!(err.contains("metadata database unavailable"), "{err}");
 }
 
+/// `sslmode=verify-full` (or `require`) with `sslrootcert`: the service
+/// talks TLS to the database, checked against the CA; a server whose
+/// certificate another CA signed, or one without TLS, stops the start with
+/// a message that says so.
+#[tokio::test]
+async fn verified_tls_to_the_database() {
+    let (ca, certificate, key) = crate::common::postgres::test_certificates();
+    let cluster = Cluster::start_tls(&certificate, &key);
+    let db = cluster.create_database();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let with = |base: &DatabaseUrl, params: &str| -> DatabaseUrl {
+        format!("{}?{params}", base.expose()).parse().unwrap()
+    };
+    let verified = with(
+        &db,
+        &format!("sslmode=verify-full&sslrootcert={}", ca_file.display()),
+    );
+    let server = TestServer::start_with(|c| c.database_url = Some(verified.clone())).await;
+    create(&Caller::user(&server, "alice"), "over-tls").await;
+    let db_name = db.expose().rsplit('/').next().unwrap().to_owned();
+    let encrypted = cluster.psql(
+        &db_name,
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+         WHERE application_name = 'context-service' AND ssl",
+    );
+    assert_ne!(encrypted, "0", "no TLS connection of the service");
+    let names = cluster.psql(&db_name, "SELECT name FROM cs_workloads");
+    assert_eq!(names, "over-tls");
+
+    // `require` verifies too: the same CA passes, another CA does not.
+    let required = with(
+        &db,
+        &format!("sslmode=require&sslrootcert={}", ca_file.display()),
+    );
+    let again = TestServer::start_with(|c| c.database_url = Some(required)).await;
+    drop(again);
+    let (other_ca, _, _) = crate::common::postgres::test_certificates();
+    let other_file = dir.path().join("other-ca.pem");
+    std::fs::write(&other_file, other_ca).unwrap();
+    let wrong = with(
+        &db,
+        &format!("sslmode=verify-full&sslrootcert={}", other_file.display()),
+    );
+    let err = match TestServer::try_start_with(|c| c.database_url = Some(wrong)).await {
+        Ok(_) => panic!("started on a database whose certificate it cannot verify"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("metadata database unavailable"), "{err}");
+    assert!(err.contains("certificate"), "{err}");
+
+    // A server without TLS is refused when TLS is asked for.
+    let plain = Cluster::shared().create_database();
+    let err = match TestServer::try_start_with(|c| {
+        c.database_url = Some(with(&plain, "sslmode=verify-full"));
+    })
+    .await
+    {
+        Ok(_) => panic!("started without TLS to its database"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("TLS"), "{err}");
+}
+
 /// `CONTEXT_SERVICE_TEST_DATABASE=postgres` (`make test-postgres`) really
 /// moves test servers' metadata to PostgreSQL, and without it they stay on
 /// the embedded store.

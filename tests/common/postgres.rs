@@ -58,6 +58,28 @@ pub(crate) struct Cluster {
     owned: bool,
     /// fsync on (benchmarks); tests run without it.
     durable: bool,
+    /// Serves TLS with `server.crt` / `server.key` in `dir`.
+    tls: bool,
+}
+
+/// A throwaway CA and a server certificate it signed for `127.0.0.1` and
+/// `localhost`: (CA certificate, server certificate, server key), in PEM.
+pub(crate) fn test_certificates() -> (String, String, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "context-service test CA");
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA certificate");
+    let server_params =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("server params");
+    let server_key = rcgen::KeyPair::generate().expect("server key");
+    let server = server_params
+        .signed_by(&server_key, &ca)
+        .expect("server certificate");
+    (ca.pem(), server.pem(), server_key.serialize_pem())
 }
 
 static SHARED: OnceLock<Cluster> = OnceLock::new();
@@ -85,7 +107,17 @@ impl Cluster {
         Self::start_with(true)
     }
 
+    /// A new cluster of its own that also serves TLS with the PEM
+    /// `certificate` and `key` (see [`test_certificates`]).
+    pub(crate) fn start_tls(certificate: &str, key: &str) -> Cluster {
+        Self::start_full(false, Some((certificate, key)))
+    }
+
     fn start_with(durable: bool) -> Cluster {
+        Self::start_full(durable, None)
+    }
+
+    fn start_full(durable: bool, tls: Option<(&str, &str)>) -> Cluster {
         let bin = server_bin_dir();
         let dir = make_dir();
         let cluster = Cluster {
@@ -94,8 +126,12 @@ impl Cluster {
             bin,
             owned: true,
             durable,
+            tls: tls.is_some(),
         };
         cluster.init();
+        if let Some((certificate, key)) = tls {
+            cluster.install_tls(certificate, key);
+        }
         watchdog(&cluster.dir);
         let mut cluster = cluster;
         // A port found free can be taken before the server binds it: retry.
@@ -196,12 +232,37 @@ impl Cluster {
         );
     }
 
+    /// Writes the server's certificate and key where `pg_ctl_start` points
+    /// the server, owned by its user (it refuses a key others can read).
+    fn install_tls(&self, certificate: &str, key: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        for (name, contents) in [("server.crt", certificate), ("server.key", key)] {
+            let file = self.dir.join(name);
+            std::fs::write(&file, contents).expect("writing TLS files");
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            if is_root() {
+                let status = Command::new("chown")
+                    .args(["postgres:postgres", path(&file)])
+                    .status()
+                    .expect("chown");
+                assert!(status.success(), "chown postgres {}", file.display());
+            }
+        }
+    }
+
     fn pg_ctl_start(&self) -> Result<(), String> {
         let mut options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400",
             self.port,
             path(&self.dir)
         );
+        if self.tls {
+            options.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                path(&self.dir.join("server.crt")),
+                path(&self.dir.join("server.key"))
+            ));
+        }
         if !self.durable {
             // A throwaway cluster: nothing to keep across a power cut.
             options.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");

@@ -31,12 +31,12 @@
 mod import;
 mod migrations;
 mod runs;
+mod tls;
 mod url;
 
 pub use url::DatabaseUrl;
 
 use std::future::Future;
-use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
@@ -178,8 +178,10 @@ impl PostgresStore {
     /// Connects to `url` and applies pending migrations. Blocking: call it
     /// from a blocking thread, never from async code.
     pub fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
-        let mut config = tokio_postgres::Config::from_str(url.expose())
-            .map_err(|e| StoreError::Database(format!("invalid database URL: {e}")))?;
+        let tls::Connection {
+            mut config,
+            transport,
+        } = tls::parse(url.expose()).map_err(StoreError::Database)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -192,15 +194,18 @@ impl PostgresStore {
             .enable_all()
             .build()
             .map_err(|e| StoreError::Database(format!("starting the database runtime: {e}")))?;
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                // A closed connection is dropped at checkout; an open one
-                // is used without a probe (a server restart closes them).
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            // A closed connection is dropped at checkout; an open one is
+            // used without a probe (a server restart closes them).
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &transport {
+            tls::Transport::Plain => Manager::from_config(config, NoTls, manager_config),
+            tls::Transport::Tls(roots) => {
+                let connector = tls::connector(roots).map_err(StoreError::Database)?;
+                Manager::from_config(config, connector, manager_config)
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)

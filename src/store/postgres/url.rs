@@ -68,17 +68,8 @@ impl FromStr for DatabaseUrl {
         if !(s.starts_with("postgres://") || s.starts_with("postgresql://")) {
             return Err("expected a postgres:// or postgresql:// URL".to_owned());
         }
-        let config = tokio_postgres::Config::from_str(s)
-            .map_err(|e| format!("invalid database URL: {e}"))?;
-        // Connections are plain TCP (or a Unix socket) for now: refuse a
-        // URL that demands TLS rather than fail at every connect.
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(
-                "sslmode=require: TLS to the database is not supported yet; \
-                 reach it over a private network or a local proxy"
-                    .to_owned(),
-            );
-        }
+        // The TLS parameters, then the rest as tokio-postgres reads it.
+        super::tls::parse(s)?;
         Ok(Self(s.to_owned()))
     }
 }
@@ -108,13 +99,13 @@ mod tests {
             "postgresql://cs@127.0.0.1/cs?password=***&application_name=x"
         );
         assert!("mysql://x".parse::<DatabaseUrl>().is_err());
-        let err = "postgres://cs@db/cs?sslmode=require"
+        assert!("postgres://cs@db/cs?sslmode=verify-full"
+            .parse::<DatabaseUrl>()
+            .is_ok());
+        let err = "postgres://cs@db/cs?sslmode=bogus"
             .parse::<DatabaseUrl>()
             .unwrap_err();
-        assert!(
-            err.contains("TLS to the database is not supported"),
-            "{err}"
-        );
+        assert!(err.contains("sslmode=bogus"), "{err}");
         // No sslmode (prefer): plain TCP to a loopback server.
         assert!("postgres://cs@127.0.0.1:5432/cs"
             .parse::<DatabaseUrl>()
