@@ -52,7 +52,9 @@ CTL="$TARGET/contextctl"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/cs-s3bench.XXXXXX")"
 export CONTEXT_SERVICE_SEAWEEDFS_STATE="$WORK/seaweedfs"
-export CONTEXT_SERVICE_POSTGRES_STATE="$WORK/postgres"
+# Outside WORK (private to this user): the server runs as `postgres` when we are root.
+CONTEXT_SERVICE_POSTGRES_STATE="$(mktemp -d "${TMPDIR:-/tmp}/cs-s3bench-pg.XXXXXX")"
+export CONTEXT_SERVICE_POSTGRES_STATE
 CS_PID=""
 CS_PID2=""
 cleanup() {
