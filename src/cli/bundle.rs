@@ -6,7 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::bundle::{self, BundleError, CanonicalOptions, Limits, Report};
+use crate::bundle::{self, BundleError, CanonicalOptions, Inspection, Limits, Report};
 
 use super::{OutputFormat, EXIT_FAILURE};
 
@@ -14,16 +14,24 @@ use super::{OutputFormat, EXIT_FAILURE};
 #[derive(Debug, clap::Subcommand)]
 pub enum BundleCommand {
     /// Validate a bundle file (gzip-compressed tar) or a directory and print
-    /// its revision and bundle digest. Exits 1 if the service would reject it.
+    /// its revision, files, dirs, entries and inflated size. Exits 1 if the
+    /// service would reject it.
     #[command(after_help = "\
 Examples:
   contextctl bundle inspect workload.tar.gz
-  contextctl bundle inspect ./my-workload -o json   # rejections too, as {error, message, entry}")]
+  contextctl bundle inspect ./my-workload -o json   # rejections too, as {error, message, entry}
+  contextctl bundle inspect workload.tar.gz --bundle-digest   # also what the service would store")]
     Inspect {
         /// A `.tar.gz`/`.context` file, or a directory.
         path: PathBuf,
-        /// gzip level of the canonical bundle (the bundleDigest depends on it).
-        #[arg(long, default_value_t = CanonicalOptions::default().gzip_level)]
+        /// Also make the bundle the service would store for this input and
+        /// print its bundleDigest, bundleBytes and bundleEncoding (slower: it
+        /// compresses, unless the file already is the canonical bundle).
+        #[arg(long)]
+        bundle_digest: bool,
+        /// gzip level of the canonical bundle (the bundleDigest of a
+        /// recompressed bundle depends on it).
+        #[arg(long, default_value_t = CanonicalOptions::default().gzip_level, requires = "bundle_digest")]
         gzip_level: u32,
     },
     /// Pack a directory into the canonical bundle.
@@ -51,16 +59,23 @@ pub fn run(cmd: BundleCommand, output: OutputFormat) -> ExitCode {
     }
     let limits = Limits::default();
     let result = match cmd {
-        BundleCommand::Inspect { path, gzip_level } => inspect(&path, &limits, gzip_level),
+        BundleCommand::Inspect {
+            path,
+            bundle_digest: true,
+            gzip_level,
+        } => inspect(&path, &limits, gzip_level).map(Printed::Report),
+        BundleCommand::Inspect { path, .. } => {
+            inspect_only(&path, &limits).map(Printed::Inspection)
+        }
         BundleCommand::Pack {
             dir,
             file,
             gzip_level,
-        } => pack(&dir, &file, &limits, gzip_level),
+        } => pack(&dir, &file, &limits, gzip_level).map(Printed::Report),
     };
     match result {
-        Ok(report) => {
-            print_report(&report, output);
+        Ok(printed) => {
+            print_report(&printed, output);
             ExitCode::SUCCESS
         }
         Err(err) => {
@@ -75,6 +90,31 @@ fn options(gzip_level: u32) -> CanonicalOptions {
         gzip_level,
         ..CanonicalOptions::default()
     }
+}
+
+/// What a `bundle` command prints (as JSON: the one flat object of either).
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Printed {
+    /// The inspection with the bundle's digest, size and encoding.
+    Report(Report),
+    /// The inspection alone (`inspect` without `--bundle-digest`).
+    Inspection(Inspection),
+}
+
+/// The inspection alone: inflate, parse and hash a file, no bundle made
+/// (a directory is packed as usual: its tar is made either way).
+fn inspect_only(path: &Path, limits: &Limits) -> Result<Inspection, BundleError> {
+    let io_err = |source: io::Error| BundleError::Io {
+        source,
+        entry: None,
+    };
+    if path.metadata().map_err(io_err)?.is_dir() {
+        let opts = options(CanonicalOptions::default().gzip_level);
+        return bundle::pack_dir(path, limits, &opts, io::sink()).map(|r| r.inspection);
+    }
+    // No BufReader: the inspector buffers its input itself.
+    bundle::inspect(File::open(path).map_err(io_err)?, limits)
 }
 
 fn inspect(path: &Path, limits: &Limits, gzip_level: u32) -> Result<Report, BundleError> {
@@ -108,27 +148,35 @@ fn pack(dir: &Path, out: &Path, limits: &Limits, gzip_level: u32) -> Result<Repo
     Ok(report)
 }
 
-fn print_report(report: &Report, output: OutputFormat) {
+fn print_report(printed: &Printed, output: OutputFormat) {
     match output {
-        OutputFormat::Json => match serde_json::to_string(report) {
+        OutputFormat::Json => match serde_json::to_string(printed) {
             Ok(json) => println!("{json}"),
             Err(e) => eprintln!("contextctl: {e}"),
         },
         OutputFormat::Yaml => {
-            if let Err(e) = super::print_doc(report, output) {
+            if let Err(e) = super::print_doc(printed, output) {
                 eprintln!("contextctl: {e}");
             }
         }
         // `run` refuses `name` before doing anything.
         OutputFormat::Text | OutputFormat::Wide | OutputFormat::Name => {
-            println!("revision       {}", report.revision);
-            println!("bundleDigest   {}", report.bundle_digest);
-            println!("files          {}", report.files);
-            println!("dirs           {}", report.dirs);
-            println!("entries        {}", report.entries);
-            println!("inflatedBytes  {}", report.inflated_bytes);
-            println!("bundleBytes    {}", report.bundle_bytes);
-            println!("bundleEncoding {}", report.bundle_encoding);
+            let (inspection, bundle) = match printed {
+                Printed::Report(r) => (&r.inspection, Some(r)),
+                Printed::Inspection(i) => (i, None),
+            };
+            println!("revision       {}", inspection.revision);
+            if let Some(r) = bundle {
+                println!("bundleDigest   {}", r.bundle_digest);
+            }
+            println!("files          {}", inspection.files);
+            println!("dirs           {}", inspection.dirs);
+            println!("entries        {}", inspection.entries);
+            println!("inflatedBytes  {}", inspection.inflated_bytes);
+            if let Some(r) = bundle {
+                println!("bundleBytes    {}", r.bundle_bytes);
+                println!("bundleEncoding {}", r.bundle_encoding);
+            }
         }
     }
 }

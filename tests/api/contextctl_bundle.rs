@@ -39,15 +39,45 @@ fn pack_then_inspect_agree() {
     let revision = packed["revision"].as_str().unwrap().to_owned();
     assert_eq!(revision.len(), 64);
 
+    // By default the inspection alone: no bundle is made, none is printed.
     let of_file = contextctl(&["--output", "json", "bundle", "inspect", bundle_s]);
     assert_eq!(of_file.status.code(), Some(0));
     let of_file = json(&of_file);
     assert_eq!(of_file["revision"], revision.as_str());
-    assert_eq!(of_file["bundleDigest"], packed["bundleDigest"]);
-    assert_eq!(of_file["bundleBytes"], fs::metadata(&bundle).unwrap().len());
     for key in ["entries", "inflatedBytes", "files", "dirs"] {
         assert_eq!(of_file[key], packed[key], "{key}");
     }
+    for key in ["bundleDigest", "bundleBytes", "bundleEncoding"] {
+        assert!(of_file.get(key).is_none(), "{key} in {of_file}");
+    }
+    assert_eq!(
+        of_file["compressedBytes"],
+        fs::metadata(&bundle).unwrap().len()
+    );
+    // With --bundle-digest, what the service would store: the packed file
+    // itself (it is canonical).
+    let with_digest = json(&contextctl(&[
+        "--output",
+        "json",
+        "bundle",
+        "inspect",
+        bundle_s,
+        "--bundle-digest",
+    ]));
+    assert_eq!(with_digest["revision"], revision.as_str());
+    assert_eq!(with_digest["bundleDigest"], packed["bundleDigest"]);
+    assert_eq!(
+        with_digest["bundleBytes"],
+        fs::metadata(&bundle).unwrap().len()
+    );
+    assert_eq!(with_digest["bundleEncoding"], "as-uploaded");
+    // --gzip-level only means something for the bundle.
+    let usage = contextctl(&["bundle", "inspect", bundle_s, "--gzip-level", "6"]);
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&usage.stderr).contains("--bundle-digest"),
+        "{usage:?}"
+    );
 
     let of_dir = json(&contextctl(&[
         "bundle", "inspect", src_s, "--output", "json",
@@ -61,6 +91,11 @@ fn pack_then_inspect_agree() {
         text.contains(&format!("revision       {revision}")),
         "{text}"
     );
+    assert!(!text.contains("bundleDigest"), "{text}");
+    let text = contextctl(&["bundle", "inspect", src_s, "--bundle-digest"]);
+    let text = String::from_utf8(text.stdout).unwrap();
+    let digest = packed["bundleDigest"].as_str().unwrap();
+    assert!(text.contains(&format!("bundleDigest   {digest}")), "{text}");
 }
 
 #[test]
