@@ -101,8 +101,8 @@ impl BlobStore {
             if !copies.touch(digest) {
                 // On disk but not on record (e.g. written by an older
                 // version while running): account for it now.
-                if let Some(len) = self.path(digest).ok().and_then(|p| fs::metadata(p).ok()) {
-                    copies.add(digest, len.len());
+                if let Some(meta) = self.path(digest).ok().and_then(|p| fs::metadata(p).ok()) {
+                    copies.add(digest, meta.len());
                 }
             }
         }
