@@ -201,10 +201,12 @@ impl PoolService {
         Ok(status)
     }
 
-    /// Deletes every pool (of any owner) that expired at `now`; answers the
-    /// next expiry still ahead. One failed delete is logged and retried at
-    /// the next pass, never stops the others.
-    pub async fn reap_expired(&self, now: Timestamp) -> Result<Option<Timestamp>, BackendError> {
+    /// Deletes every pool (of any owner) that expired at `now`, and what
+    /// creates abandoned half-way left once their window passed
+    /// ([`SandboxBackend::reap_abandoned`]); answers the next such instant
+    /// still ahead. One failed delete is logged and retried at the next
+    /// pass, never stops the others.
+    pub async fn reap(&self, now: Timestamp) -> Result<Option<Timestamp>, BackendError> {
         let pools = self.backend.list_pools().await?;
         let mut next: Option<Timestamp> = None;
         for pool in pools {
@@ -222,7 +224,11 @@ impl PoolService {
                 }
             }
         }
-        Ok(next)
+        let window = self.backend.reap_abandoned(now).await?;
+        Ok(match (next, window) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
     }
 
     /// The caller's pool `name`.
