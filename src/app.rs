@@ -187,7 +187,7 @@ fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
                 .delivery_container
                 .clone()
                 .filter(|container| !container.is_empty());
-            SandboxSettings::Kube(settings)
+            SandboxSettings::Kube(Box::new(settings))
         }
     }
 }

@@ -480,6 +480,8 @@ mod tests {
     #[derive(Default)]
     struct SlowFailing {
         rolled_back: AtomicBool,
+        /// What `reap_abandoned` answers.
+        window: Option<Timestamp>,
     }
 
     #[async_trait::async_trait]
@@ -527,12 +529,31 @@ mod tests {
         async fn delete_context(&self, _: &str, _: &str) -> Result<bool, BackendError> {
             Ok(false)
         }
+        async fn reap_abandoned(&self, _: Timestamp) -> Result<Option<Timestamp>, BackendError> {
+            Ok(self.window)
+        }
         async fn check_ready(&self) -> Result<(), BackendError> {
             Err(BackendError::internal(
                 "reach the Kubernetes API",
                 std::io::Error::other("connection refused"),
             ))
         }
+    }
+
+    #[tokio::test]
+    async fn the_reaper_also_wakes_at_the_end_of_an_unfinished_create() {
+        let at = Timestamp::now()
+            .checked_add(SignedDuration::from_secs(30))
+            .unwrap();
+        let backend = SlowFailing {
+            window: Some(at),
+            ..SlowFailing::default()
+        };
+        let service = PoolService::new(Arc::new(backend));
+        assert_eq!(service.reap(Timestamp::now()).await.unwrap(), Some(at));
+        // Nothing expiring, nothing unfinished: no wake-up but the rescan.
+        let service = PoolService::new(Arc::new(SlowFailing::default()));
+        assert_eq!(service.reap(Timestamp::now()).await.unwrap(), None);
     }
 
     #[tokio::test]
