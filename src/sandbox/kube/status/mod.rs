@@ -10,10 +10,11 @@
 //!
 //! A create records on its objects until when it may still add members
 //! (`creating-until`) and on its first object whether it finished
-//! (`created`, [`create_mark`]): within the window an unfinished create is
-//! `provisioning` on every replica; after it, it is `failed`
-//! (`CreateAbandoned`, [`abandoned`]) and the reaper deletes it. A finished
-//! create's missing member is `failed` (`SandboxMissing`) at once.
+//! (`created`, [`create_mark`]): within the window a create is
+//! `provisioning` on every replica; after it, one that never marked its
+//! completion is `failed` (`CreateAbandoned`, [`abandoned`]) and the reaper
+//! deletes it, while a finished one's missing member is `failed`
+//! (`SandboxMissing`) and stays.
 
 mod conditions;
 mod workspace;
@@ -376,15 +377,20 @@ pub fn window_end(annotations: &BTreeMap<String, String>) -> Option<Timestamp> {
 }
 
 /// Whether a create recorded on the objects may still be adding members at
-/// `now`: it has not marked its completion, its window has not ended and
+/// `now`: its window has not ended, no reaper claimed it as abandoned, and
 /// the members made so far are the first ones. Creates add members in
 /// index order, so a gap is a member deleted since, which is a failure at
-/// once; so is any missing member once the create marked completion.
+/// once.
+///
+/// A completion mark does not end the window early: each kind has its own
+/// watch, so another replica's caches may show the mark on the first PVC
+/// before the last Sandboxes, and a pool still arriving would read
+/// `failed`.
 pub fn create_pending(objects: &PoolObjects, now: Timestamp) -> bool {
     if creating_until(objects).is_none_or(|until| until <= now) {
         return false;
     }
-    if create_mark(objects).is_some_and(|mark| mark.state != MarkState::Pending) {
+    if create_mark(objects).is_some_and(|mark| mark.state == MarkState::Abandoned) {
         return false;
     }
     let mut indices: Vec<u64> = if objects.claims.is_empty() {
