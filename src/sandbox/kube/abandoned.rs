@@ -17,6 +17,7 @@
 //! older version (no mark at all).
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams};
 use kube::Resource;
@@ -24,7 +25,7 @@ use serde::de::DeserializeOwned;
 
 use crate::pool::{names, BackendError};
 
-use super::backend::KubeBackend;
+use super::backend::{Deleted, KubeBackend};
 use super::crd::{Sandbox, SandboxClaim};
 use super::objects;
 use super::status::{self, CreateMark, MarkState};
@@ -93,7 +94,7 @@ impl KubeBackend {
         &self,
         pool: &str,
         mark: &CreateMark,
-    ) -> Result<Option<super::backend::Deleted>, BackendError> {
+    ) -> Result<Option<Deleted>, BackendError> {
         if mark.state == MarkState::Pending
             && !self
                 .swap_mark(mark.kind, &mark.name, names::CREATED_ABANDONED)
@@ -105,7 +106,7 @@ impl KubeBackend {
         let until = mark.until;
         // Only that create's objects: a new create of the same name would
         // carry a window of its own.
-        let of_that_create = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        let of_that_create = |meta: &ObjectMeta| {
             meta.annotations
                 .as_ref()
                 .and_then(status::window_end)
