@@ -161,8 +161,9 @@ impl AppState {
 
 /// The sandbox backend `config` selects, with its settings: `local` under
 /// `<data-dir>/local`; `kube` with `--namespace`, `--kube-sandbox-image`,
-/// `--kube-sandbox-service-account`, `--claim-ttl` and
-/// `--kube-claim-pod-label`, every other setting at its default.
+/// `--kube-sandbox-service-account`, `--claim-ttl`,
+/// `--kube-claim-pod-label` and the hidden `--kube-create-window`, every
+/// other setting at its default.
 fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
     match config.backend {
         BackendKind::Local => SandboxSettings::Local(LocalSettings {
@@ -181,11 +182,12 @@ fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
                 .filter(|account| !account.is_empty());
             settings.claim_ttl = config.claim_ttl;
             settings.claim_pod_label = config.kube_claim_pod_label;
+            settings.create_window = config.kube_create_window;
             settings.delivery_container = config
                 .delivery_container
                 .clone()
                 .filter(|container| !container.is_empty());
-            SandboxSettings::Kube(settings)
+            SandboxSettings::Kube(Box::new(settings))
         }
     }
 }

@@ -148,6 +148,13 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_CLAIM_POD_LABEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub kube_claim_pod_label: bool,
 
+    /// How long a pool create may take (`kube` backend), recorded on its
+    /// objects: until then other replicas show it `provisioning`; after it
+    /// an unfinished create counts as abandoned and any replica's reaper
+    /// deletes it. Hidden, for tests: far above any real create.
+    #[arg(long, hide = true, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub kube_create_window: std::time::Duration,
+
     /// Most workloads per owner.
     #[arg(long, env = "CS_WORKLOAD_QUOTA", default_value_t = 20)]
     pub workload_quota: usize,

@@ -623,9 +623,10 @@ async fn racing_creates_from_two_services_make_one_pool() {
 
 /// Two replicas sharing the owner-scope key (`--owner-scope-secret-file`,
 /// as deploy/overlays/ha runs them) answer alike: while one creates a pool,
-/// the other reports it `provisioning`, never `failed` for the members not
-/// made yet (the create's window is on its objects), and once it is ready
-/// both give the same status; a delete through either is seen by both.
+/// the other reports it `provisioning` (or `ready` once all of it runs),
+/// never `failed` for the members not made yet (the create's window is on
+/// its objects), and once it is ready both give the same status; a delete
+/// through either is seen by both.
 #[tokio::test]
 async fn replicas_sharing_the_owner_scope_key_agree_on_a_pool_while_it_is_created() {
     with_env("e2e-twins", |env| async move {
@@ -666,8 +667,13 @@ async fn replicas_sharing_the_owner_scope_key_agree_on_a_pool_while_it_is_create
         ensure!(resp.status() == 201, "create answered {}", resp.status());
         let phases = phases?;
         ensure!(!phases.is_empty(), "B never saw the pool during the create");
+        // `ready` is right once every member exists and runs, which can come
+        // before A answers (its completion mark and its wait for its own
+        // caches are the create's last steps); `failed` never is.
+        let settled = phases.iter().skip_while(|p| *p == "provisioning");
         ensure!(
-            phases.iter().all(|p| p == "provisioning"),
+            phases.iter().all(|p| p == "provisioning" || p == "ready")
+                && settled.clone().all(|p| p == "ready"),
             "B's view during A's create: {phases:?}"
         );
 
@@ -704,6 +710,159 @@ async fn replicas_sharing_the_owner_scope_key_agree_on_a_pool_while_it_is_create
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        Ok(())
+    })
+    .await;
+}
+
+/// Rollback holds when the replica running a create dies half-way: A (a
+/// create window of 8 s) dies right after its first Sandbox, leaving three
+/// PVCs, one Sandbox and the pending completion mark. B, started after A
+/// died (the next start; it could as well have run all along), answers
+/// `provisioning` while the window lasts and, once it passed, deletes what
+/// A made; the name is free again. A pool B completed keeps its place when
+/// someone deletes its last member (`failed`, never reaped), also through
+/// the start of a third replica after every window passed.
+#[tokio::test]
+async fn a_second_replica_removes_a_pool_whose_creator_died_half_way() {
+    with_namespace("e2e-halfdead", |kube, ns| async move {
+        let keys = tempfile::tempdir()?;
+        let key = keys.path().join("owner-scope");
+        let bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(53) ^ 0x3c).collect();
+        std::fs::write(&key, format!("hex:{}", hex::encode(bytes)))?;
+        let window = Duration::from_secs(8);
+        let settings = move |c: &mut context_service::config::ServeConfig| {
+            c.owner_scope_secret_file = Some(key.clone());
+            c.kube_create_window = window;
+        };
+        let die = common::rbac::DieAt::sandbox_post(2);
+        let a = start_dying_server_with(&ns, settings.clone(), die.clone()).await;
+        let body = json!({"name": "half", "replicas": 3,
+                          "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}});
+        // Never answered: A dies during it.
+        let creator = Caller::user(&a, USER);
+        let post = tokio::spawn(async move { creator.post("/v1/sandbox-pools", &body).await });
+        poll_until("A to die at its second sandbox", || async {
+            Ok(if die.is_dead() {
+                Ok(())
+            } else {
+                Err("alive".to_owned())
+            })
+        })
+        .await?;
+        post.abort();
+        drop(a);
+
+        let b = start_server_with(&ns, settings.clone()).await;
+        let env = Env {
+            kube,
+            ns,
+            server: b,
+        };
+        ensure!(
+            env.names::<PersistentVolumeClaim>(&selector("half"))
+                .await?
+                == names(&["half-workspace-0", "half-workspace-1", "half-workspace-2"]),
+            "A's PVCs"
+        );
+        ensure!(
+            env.dyn_names(&sandboxes(), &selector("half")).await? == names(&["sandbox-half-0"]),
+            "A's sandboxes"
+        );
+        let anchor = env
+            .api::<PersistentVolumeClaim>()
+            .get("half-workspace-0")
+            .await?;
+        let annotations = anchor.annotations();
+        ensure!(
+            annotations
+                .get("context.rossoctl.io/created")
+                .map(String::as_str)
+                == Some("false"),
+            "{annotations:?}"
+        );
+        let until: Timestamp = annotations
+            .get("context.rossoctl.io/creating-until")
+            .context("no window")?
+            .parse()?;
+        let (status, text) = env.get_pool("half").await;
+        if Timestamp::now() < until {
+            ensure!(
+                status == 200 && text.contains(r#""status":"provisioning""#),
+                "{status} {text}"
+            );
+        }
+
+        // A pool B finished, whose last member someone deletes: failed
+        // once its window ended, and never reaped (it marked completion).
+        let done = env
+            .create_pool(&json!({"name": "done", "replicas": 2,
+                                 "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}}))
+            .await?;
+        ensure!(
+            done.status == "provisioning" || done.status == "ready",
+            "{done:#?}"
+        );
+        env.api::<Sandbox>()
+            .delete("sandbox-done-1", &DeleteParams::background())
+            .await?;
+        poll_until("done to fail", || async {
+            let (status, text) = env.get_pool("done").await;
+            Ok(if text.contains(r#""reason":"SandboxMissing""#) {
+                Ok(())
+            } else {
+                Err(format!("{status} {text}"))
+            })
+        })
+        .await?;
+
+        poll_until("A's Sandbox and PVCs deleted", || async {
+            let mut left = env.dyn_names(&sandboxes(), &selector("half")).await?;
+            left.extend(
+                env.names::<PersistentVolumeClaim>(&selector("half"))
+                    .await?,
+            );
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            })
+        })
+        .await?;
+        let after = Timestamp::now().duration_since(until);
+        ensure!(after.is_positive(), "deleted before the window ended");
+        println!("A's half pool was deleted {after:#} after its window ended");
+        env.wait_pool_objects_gone("half").await?;
+        let (status, text) = env.get_pool("half").await;
+        ensure!(status == 404, "{status} {text}");
+        // The name is free again; the new create is B's own, completed.
+        let again = env
+            .create_pool(&json!({"name": "half", "replicas": 1,
+                                 "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}}))
+            .await?;
+        ensure!(again.replicas == 1, "{again:#?}");
+
+        // After every window, a third replica starts (its reaper scans at
+        // once): both finished pools stay.
+        tokio::time::sleep(window + Duration::from_secs(1)).await;
+        let c = start_server_with(&env.ns, settings).await;
+        let view = Caller::user(&c, USER);
+        let resp = view.get("/v1/sandbox-pools/done").await;
+        ensure!(resp.status() == 200, "done answered {}", resp.status());
+        let pool: serde_json::Value = resp.json().await?;
+        ensure!(pool["reason"] == "SandboxMissing", "{pool:#}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        ensure!(
+            env.dyn_names(&sandboxes(), &selector("done")).await? == names(&["sandbox-done-0"]),
+            "done lost members"
+        );
+        ensure!(
+            env.dyn_names(&sandboxes(), &selector("half")).await? == names(&["sandbox-half-0"]),
+            "the new half was reaped"
+        );
+        let resp = view.get("/v1/sandbox-pools/half").await;
+        let pool: serde_json::Value = resp.json().await?;
+        ensure!(pool["reason"] != "CreateAbandoned", "{pool:#}");
         Ok(())
     })
     .await;

@@ -10,7 +10,8 @@
 //! - [`selector`]: equality-based label selectors ([`LabelSelector`]);
 //! - [`service`]: [`PoolService`] (with per-owner quotas, `quota`);
 //!   [`error`]: its [`PoolError`];
-//! - [`reaper`]: deletes pools whose `ttl` ran out (also after a restart);
+//! - [`reaper`]: deletes pools whose `ttl` ran out (also after a restart)
+//!   and creates abandoned half-way by a replica that died;
 //! - [`view`]: the JSON shapes on the wire.
 
 pub mod error;

@@ -30,6 +30,22 @@ pub const EXPIRES_AT_ANNOTATION: &str = "context.rossoctl.io/expires-at";
 /// members are a failure (e.g. the creating replica died half-way).
 pub const CREATING_UNTIL_ANNOTATION: &str = "context.rossoctl.io/creating-until";
 
+/// Annotation on the *first* object a create makes (its anchor): whether
+/// that create finished. [`CREATED_PENDING`] from the start; the creator
+/// sets [`CREATED_DONE`] with one patch once every object exists, and a
+/// reaper that finds it still pending after [`CREATING_UNTIL_ANNOTATION`]
+/// claims it with [`CREATED_ABANDONED`] before deleting what the create made.
+/// Both changes are compare-and-swap on `pending`, so exactly one wins.
+/// Objects of older versions carry none and are never reaped.
+pub const CREATED_ANNOTATION: &str = "context.rossoctl.io/created";
+/// [`CREATED_ANNOTATION`] while the create runs.
+pub const CREATED_PENDING: &str = "false";
+/// [`CREATED_ANNOTATION`] once the create made every object.
+pub const CREATED_DONE: &str = "true";
+/// [`CREATED_ANNOTATION`] of a create whose replica died half-way, being
+/// deleted.
+pub const CREATED_ABANDONED: &str = "abandoned";
+
 /// The annotations every object of a pool expiring at `expires_at` carries
 /// ([`EXPIRES_AT_ANNOTATION`]); empty for a pool that never expires.
 pub fn expiry_annotations(

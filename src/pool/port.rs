@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
+
 use super::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
 use super::selector::LabelSelector;
 
@@ -75,6 +77,17 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// existing claim, a warm pool or a template. `false` when nothing
     /// existed. Idempotent: a retry after a partial failure finishes the job.
     async fn delete_pool(&self, name: &str) -> Result<bool, BackendError>;
+
+    /// Deletes, of every owner, what creates left behind when the process
+    /// running them died half-way (before finishing or rolling back), once
+    /// their window has passed; answers the earliest window still open, so
+    /// the reaper looks again then. Each deletion is logged. The default
+    /// has nothing to do: the `local` backend rolls such a create back at
+    /// its next start.
+    async fn reap_abandoned(&self, now: Timestamp) -> Result<Option<Timestamp>, BackendError> {
+        let _ = now;
+        Ok(None)
+    }
 
     /// Suspends (`true`) or resumes (`false`) every sandbox of the direct
     /// pool `name`: a suspended sandbox runs no pod (no exec, no delivery)

@@ -1,4 +1,5 @@
-//! The reaper: deletes pools whose `ttl` ran out, of every owner.
+//! The reaper: deletes pools whose `ttl` ran out, of every owner, and (on
+//! `kube`) what a create left when the replica running it died half-way.
 //!
 //! Expiry is recorded on the pool's objects (and in the local backend's
 //! records), never only in memory, so the reaper finds every expired pool by
@@ -8,6 +9,13 @@
 //! On `kube` the agent-sandbox controller also deletes the Sandboxes and
 //! claims at their `shutdownTime`; the reaper removes the rest (a shared
 //! workspace PVC) and covers the `local` backend.
+//!
+//! A create's window (`creating-until`) and its completion mark are on its
+//! objects too, so the same listing finds abandoned creates: a mark still
+//! pending after the window means the creating replica died; the reaper
+//! wakes at the earliest window end it saw and deletes such a create. It
+//! runs on every replica and at every start, so the other replica or the
+//! next start cleans up (see `crate::sandbox::kube::abandoned`).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -36,10 +44,10 @@ pub fn spawn_reaper(pools: &Arc<PoolService>, rescan: Duration) -> tokio::task::
             let woken = expiries.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let pause = match pools.reap_expired(Timestamp::now()).await {
+            let pause = match pools.reap(Timestamp::now()).await {
                 Ok(next) => next.map_or(rescan, |at| until(at).min(rescan)),
                 Err(e) => {
-                    tracing::warn!(error = %e, "listing sandbox pools for expiry failed");
+                    tracing::warn!(error = %e, "listing sandbox pools for the reaper failed");
                     RETRY_AFTER.min(rescan)
                 }
             };

@@ -201,10 +201,12 @@ impl PoolService {
         Ok(status)
     }
 
-    /// Deletes every pool (of any owner) that expired at `now`; answers the
-    /// next expiry still ahead. One failed delete is logged and retried at
-    /// the next pass, never stops the others.
-    pub async fn reap_expired(&self, now: Timestamp) -> Result<Option<Timestamp>, BackendError> {
+    /// Deletes every pool (of any owner) that expired at `now`, and what
+    /// creates abandoned half-way left once their window passed
+    /// ([`SandboxBackend::reap_abandoned`]); answers the next such instant
+    /// still ahead. One failed delete is logged and retried at the next
+    /// pass, never stops the others.
+    pub async fn reap(&self, now: Timestamp) -> Result<Option<Timestamp>, BackendError> {
         let pools = self.backend.list_pools().await?;
         let mut next: Option<Timestamp> = None;
         for pool in pools {
@@ -222,7 +224,11 @@ impl PoolService {
                 }
             }
         }
-        Ok(next)
+        let window = self.backend.reap_abandoned(now).await?;
+        Ok(match (next, window) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
     }
 
     /// The caller's pool `name`.
@@ -474,6 +480,8 @@ mod tests {
     #[derive(Default)]
     struct SlowFailing {
         rolled_back: AtomicBool,
+        /// What `reap_abandoned` answers.
+        window: Option<Timestamp>,
     }
 
     #[async_trait::async_trait]
@@ -521,12 +529,31 @@ mod tests {
         async fn delete_context(&self, _: &str, _: &str) -> Result<bool, BackendError> {
             Ok(false)
         }
+        async fn reap_abandoned(&self, _: Timestamp) -> Result<Option<Timestamp>, BackendError> {
+            Ok(self.window)
+        }
         async fn check_ready(&self) -> Result<(), BackendError> {
             Err(BackendError::internal(
                 "reach the Kubernetes API",
                 std::io::Error::other("connection refused"),
             ))
         }
+    }
+
+    #[tokio::test]
+    async fn the_reaper_also_wakes_at_the_end_of_an_unfinished_create() {
+        let at = Timestamp::now()
+            .checked_add(SignedDuration::from_secs(30))
+            .unwrap();
+        let backend = SlowFailing {
+            window: Some(at),
+            ..SlowFailing::default()
+        };
+        let service = PoolService::new(Arc::new(backend));
+        assert_eq!(service.reap(Timestamp::now()).await.unwrap(), Some(at));
+        // Nothing expiring, nothing unfinished: no wake-up but the rescan.
+        let service = PoolService::new(Arc::new(SlowFailing::default()));
+        assert_eq!(service.reap(Timestamp::now()).await.unwrap(), None);
     }
 
     #[tokio::test]

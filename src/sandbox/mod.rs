@@ -22,8 +22,9 @@ use crate::pool::SandboxBackend;
 pub enum SandboxSettings {
     /// Directories under the data dir.
     Local(local::LocalSettings),
-    /// A Kubernetes cluster with the agent-sandbox controller.
-    Kube(kube::KubeSettings),
+    /// A Kubernetes cluster with the agent-sandbox controller (boxed: many
+    /// times the size of the local settings).
+    Kube(Box<kube::KubeSettings>),
 }
 
 /// An opened backend: the pool domain's port, and the delivery exec port
@@ -52,8 +53,8 @@ pub async fn open(
         }
         SandboxSettings::Kube(settings) => {
             let backend = match kube_client {
-                Some(client) => kube::KubeBackend::new(client, settings)?,
-                None => kube::KubeBackend::try_default(settings).await?,
+                Some(client) => kube::KubeBackend::new(client, *settings)?,
+                None => kube::KubeBackend::try_default(*settings).await?,
             };
             backend.start_watchers();
             let exec = kube::exec::KubeExec::new(

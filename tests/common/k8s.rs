@@ -167,6 +167,33 @@ pub(crate) async fn start_server_with(
     .await
 }
 
+/// [`start_server_with`] whose API client dies at `die` (see
+/// [`super::rbac::DieAt`]): a replica killed half-way through a request.
+pub(crate) async fn start_dying_server_with(
+    ns: &str,
+    adjust: impl FnOnce(&mut context_service::config::ServeConfig),
+    die: super::rbac::DieAt,
+) -> TestServer {
+    let admin = kube_client().await;
+    let client = super::rbac::dying_service_client(&admin, ns, die)
+        .await
+        .expect("a client as the deploy's ServiceAccount");
+    let ns = ns.to_owned();
+    TestServer::start_with_options(
+        move |cfg| {
+            cfg.backend = BackendKind::Kube;
+            cfg.namespace = ns;
+            cfg.kube_sandbox_image = Some(IMAGE.to_owned());
+            adjust(cfg);
+        },
+        BuildOptions {
+            kube_client: Some(client),
+            ..BuildOptions::default()
+        },
+    )
+    .await
+}
+
 impl Env {
     /// `Api<K>` in the test namespace.
     pub(crate) fn api<K>(&self) -> Api<K>

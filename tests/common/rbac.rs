@@ -15,7 +15,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -145,6 +146,94 @@ impl Rbac {
 /// ServiceAccount, with the deploy's Roles bound in `ns`. Applies the RBAC
 /// first and waits until the authorizer grants all of it.
 pub(crate) async fn service_client(admin: &Client, ns: &str) -> Result<Client> {
+    let config = service_config(admin, ns).await?;
+    let builder =
+        ClientBuilder::try_from(config).context("building the ServiceAccount's client")?;
+    Ok(builder
+        .with_layer(&tower::layer::layer_fn(RecordForbidden))
+        .build())
+}
+
+/// [`service_client`] whose process "dies" at `die`: from then on no
+/// request gets an answer.
+pub(crate) async fn dying_service_client(admin: &Client, ns: &str, die: DieAt) -> Result<Client> {
+    let config = service_config(admin, ns).await?;
+    let builder =
+        ClientBuilder::try_from(config).context("building the ServiceAccount's client")?;
+    Ok(builder
+        .with_layer(&tower::layer::layer_fn(RecordForbidden))
+        .with_layer(&tower::layer::layer_fn(move |inner| Dying {
+            inner,
+            die: die.clone(),
+        }))
+        .build())
+}
+
+/// Where a service's API client dies, as if its process were killed there
+/// (kill -9 or node loss): at the `at`th `POST` of a Sandbox, that request
+/// and every later one never get an answer, so nothing further is made and
+/// nothing rolled back.
+#[derive(Clone)]
+pub(crate) struct DieAt {
+    at: usize,
+    sandbox_posts: Arc<AtomicUsize>,
+    dead: Arc<AtomicBool>,
+}
+
+impl DieAt {
+    /// Dies at the `at`th Sandbox `POST` (1-based).
+    pub(crate) fn sandbox_post(at: usize) -> Self {
+        Self {
+            at,
+            sandbox_posts: Arc::default(),
+            dead: Arc::default(),
+        }
+    }
+
+    /// Whether it died.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Clone)]
+struct Dying<S> {
+    inner: S,
+    die: DieAt,
+}
+
+impl<S, B> tower::Service<http::Request<kube::client::Body>> for Dying<S>
+where
+    S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = std::result::Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        let sandbox_post =
+            req.method() == http::Method::POST && req.uri().path().ends_with("/sandboxes");
+        if sandbox_post && self.die.sandbox_posts.fetch_add(1, Ordering::SeqCst) + 1 >= self.die.at
+        {
+            self.die.dead.store(true, Ordering::SeqCst);
+        }
+        if self.die.is_dead() {
+            return Box::pin(std::future::pending());
+        }
+        Box::pin(self.inner.call(req))
+    }
+}
+
+/// The API server's address and CA from `KUBECONFIG` with a token of the
+/// deploy's ServiceAccount, whose RBAC is applied (and granted) in `ns`.
+async fn service_config(admin: &Client, ns: &str) -> Result<Config> {
     let rbac = Rbac::get();
     for obj in rbac.home.iter().chain(&rbac.cluster) {
         apply(admin, obj.clone(), None).await?;
@@ -176,11 +265,7 @@ pub(crate) async fn service_client(admin: &Client, ns: &str) -> Result<Client> {
         token: Some(token.into()),
         ..Default::default()
     };
-    let builder =
-        ClientBuilder::try_from(config).context("building the ServiceAccount's client")?;
-    Ok(builder
-        .with_layer(&tower::layer::layer_fn(RecordForbidden))
-        .build())
+    Ok(config)
 }
 
 /// Reports every `403` the API server answers the service: on stderr (shown

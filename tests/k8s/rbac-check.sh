@@ -40,6 +40,7 @@ declare -A mapped=(
 	["Role extensions.agents.x-k8s.io/sandboxclaims delete"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role extensions.agents.x-k8s.io/sandboxclaims list"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role extensions.agents.x-k8s.io/sandboxclaims watch"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
+	["Role extensions.agents.x-k8s.io/sandboxclaims patch"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role extensions.agents.x-k8s.io/sandboxwarmpools get"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role core/persistentvolumeclaims watch"]="$pools:readyz_reaches_the_kubernetes_api"
 	["Role core/persistentvolumeclaims patch"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"

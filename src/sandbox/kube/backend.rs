@@ -3,14 +3,16 @@
 //!
 //! Writes go straight to the API (create, server-side apply, delete); pool
 //! reads come from the watch caches in [`super::watch`]. Creation lives in
-//! `create`, named contexts in `contexts`; this module holds the type, its
-//! API helpers, reads, waits and deletes.
+//! `create` (and the reaping of creates abandoned half-way in `abandoned`),
+//! named contexts in `contexts`; this module holds the type, its API
+//! helpers, reads, waits and deletes.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -23,7 +25,7 @@ use super::crd::{Sandbox, SandboxClaim};
 use super::objects;
 use super::settings::KubeSettings;
 use super::status;
-use super::watch::{self, CacheError, Caches, SelectorWatches, Watchers};
+use super::watch::{self, CacheError, Caches, Kind, SelectorWatches, Watchers};
 
 /// Past the end of another replica's create, so the status read then no
 /// longer counts it as running.
@@ -212,6 +214,111 @@ impl KubeBackend {
             Err(error) => Err(error),
         }
     }
+
+    /// Deletes the managed objects of pool `name` whose metadata `select`
+    /// picks, listed from the API (not the caches: a pool created a moment
+    /// ago must not survive its delete); `last` (kind and name) after all
+    /// others. Answers how many of each kind there were.
+    pub(super) async fn delete_objects(
+        &self,
+        name: &str,
+        select: impl Fn(&ObjectMeta) -> bool,
+        last: Option<(Kind, &str)>,
+    ) -> Result<Deleted, BackendError> {
+        let selector = objects::managed_pool_selector(name);
+        let mut claims = self
+            .list_or_empty::<SandboxClaim>(&selector, None)
+            .await
+            .map_err(|e| BackendError::internal("list sandbox claims", e))?;
+        claims.retain(|o| select(o.meta()));
+        let mut sandboxes = self
+            .list_or_empty::<Sandbox>(&selector, None)
+            .await
+            .map_err(|e| BackendError::internal("list sandboxes", e))?;
+        sandboxes.retain(|o| select(o.meta()));
+        let mut pvcs = self
+            .list_or_empty::<PersistentVolumeClaim>(&selector, None)
+            .await
+            .map_err(|e| BackendError::internal("list workspace PVCs", e))?;
+        pvcs.retain(|o| select(o.meta()));
+        let deleted = Deleted {
+            claims: claims.len(),
+            sandboxes: sandboxes.len(),
+            pvcs: pvcs.len(),
+        };
+        let is_last = |kind: Kind, object: &str| last == Some((kind, object));
+        // Claims in the foreground, as upstream: the claim stays visible
+        // until its Sandbox and Pod are gone, so the pool does not look
+        // released while its sandboxes still run.
+        let mut deferred = None;
+        for claim in &claims {
+            let claim_name = claim.name_any();
+            if is_last(Kind::Claim, &claim_name) {
+                deferred = Some((Kind::Claim, claim_name));
+                continue;
+            }
+            self.delete_one(Kind::Claim, &claim_name).await?;
+        }
+        for sandbox in &sandboxes {
+            let sandbox_name = sandbox.name_any();
+            if is_last(Kind::Sandbox, &sandbox_name) {
+                deferred = Some((Kind::Sandbox, sandbox_name));
+                continue;
+            }
+            self.delete_one(Kind::Sandbox, &sandbox_name).await?;
+        }
+        // Only PVCs with our pool and managed-by labels: never the caller's
+        // existing claim, which carries neither.
+        for pvc in &pvcs {
+            let pvc_name = pvc.name_any();
+            if is_last(Kind::Pvc, &pvc_name) {
+                deferred = Some((Kind::Pvc, pvc_name));
+                continue;
+            }
+            self.delete_one(Kind::Pvc, &pvc_name).await?;
+        }
+        if let Some((kind, object)) = deferred {
+            self.delete_one(kind, &object).await?;
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes one object of a pool (claims in the foreground); a missing
+    /// one is fine.
+    async fn delete_one(&self, kind: Kind, name: &str) -> Result<(), BackendError> {
+        match kind {
+            Kind::Claim => delete_ignoring_missing(
+                &self.api::<SandboxClaim>(),
+                name,
+                &DeleteParams::foreground(),
+            )
+            .await
+            .map_err(|e| BackendError::internal(format!("delete sandbox claim {name}"), e)),
+            Kind::Sandbox => delete_ignoring_missing(&self.api::<Sandbox>(), name, &background())
+                .await
+                .map_err(|e| BackendError::internal(format!("delete sandbox {name}"), e)),
+            Kind::Pvc => {
+                delete_ignoring_missing(&self.api::<PersistentVolumeClaim>(), name, &background())
+                    .await
+                    .map_err(|e| BackendError::internal(format!("delete workspace PVC {name}"), e))
+            }
+        }
+    }
+}
+
+/// How many objects of each kind a delete found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Deleted {
+    pub(super) claims: usize,
+    pub(super) sandboxes: usize,
+    pub(super) pvcs: usize,
+}
+
+impl Deleted {
+    /// Nothing was there.
+    pub(super) fn is_empty(&self) -> bool {
+        self.claims == 0 && self.sandboxes == 0 && self.pvcs == 0
+    }
 }
 
 #[async_trait::async_trait]
@@ -254,62 +361,22 @@ impl SandboxBackend for KubeBackend {
     }
 
     async fn delete_pool(&self, name: &str) -> Result<bool, BackendError> {
-        // Listed from the API, not the caches: a pool created a moment ago
-        // must not survive its delete.
-        let selector = objects::managed_pool_selector(name);
-        let claims = self
-            .list_or_empty::<SandboxClaim>(&selector, None)
-            .await
-            .map_err(|e| BackendError::internal("list sandbox claims", e))?;
-        let sandboxes = self
-            .list_or_empty::<Sandbox>(&selector, None)
-            .await
-            .map_err(|e| BackendError::internal("list sandboxes", e))?;
-        let pvcs = self
-            .list_or_empty::<PersistentVolumeClaim>(&selector, None)
-            .await
-            .map_err(|e| BackendError::internal("list workspace PVCs", e))?;
-        if claims.is_empty() && sandboxes.is_empty() && pvcs.is_empty() {
+        let deleted = self.delete_objects(name, |_| true, None).await?;
+        if deleted.is_empty() {
             return Ok(false);
-        }
-        // Claims in the foreground, as upstream: the claim stays visible
-        // until its Sandbox and Pod are gone, so the pool does not look
-        // released while its sandboxes still run.
-        let claim_api = self.api::<SandboxClaim>();
-        for claim in &claims {
-            let claim_name = claim.name_any();
-            delete_ignoring_missing(&claim_api, &claim_name, &DeleteParams::foreground())
-                .await
-                .map_err(|e| {
-                    BackendError::internal(format!("delete sandbox claim {claim_name}"), e)
-                })?;
-        }
-        let sandbox_api = self.api::<Sandbox>();
-        for sandbox in &sandboxes {
-            let sandbox_name = sandbox.name_any();
-            delete_ignoring_missing(&sandbox_api, &sandbox_name, &background())
-                .await
-                .map_err(|e| BackendError::internal(format!("delete sandbox {sandbox_name}"), e))?;
-        }
-        // Only PVCs with our pool and managed-by labels: never the caller's
-        // existing claim, which carries neither.
-        let pvc_api = self.api::<PersistentVolumeClaim>();
-        for pvc in &pvcs {
-            let pvc_name = pvc.name_any();
-            delete_ignoring_missing(&pvc_api, &pvc_name, &background())
-                .await
-                .map_err(|e| {
-                    BackendError::internal(format!("delete workspace PVC {pvc_name}"), e)
-                })?;
         }
         tracing::info!(
             pool = %name,
-            claims = claims.len(),
-            sandboxes = sandboxes.len(),
-            pvcs = pvcs.len(),
+            claims = deleted.claims,
+            sandboxes = deleted.sandboxes,
+            pvcs = deleted.pvcs,
             "sandbox pool deleted"
         );
         Ok(true)
+    }
+
+    async fn reap_abandoned(&self, now: Timestamp) -> Result<Option<Timestamp>, BackendError> {
+        self.reap_abandoned_creates(now).await
     }
 
     async fn set_suspended(
@@ -485,7 +552,7 @@ impl InFlight {
         })
     }
 
-    fn contains(&self, name: &str) -> bool {
+    pub(super) fn contains(&self, name: &str) -> bool {
         self.lock().contains(name)
     }
 }

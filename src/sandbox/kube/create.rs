@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams};
 use kube::ResourceExt;
 
@@ -16,19 +16,16 @@ use super::backend::{
     background, create_error, delete_ignoring_missing, is_not_found, KubeBackend,
 };
 use super::crd::{Sandbox, SandboxClaim, SandboxWarmPool};
-use super::objects::{self, PoolMeta, WorkspaceRecord, WorkspaceVolume};
+use super::objects::{self, PoolMeta, StrategyKind, WorkspaceRecord, WorkspaceVolume};
 use super::status::{self, PoolObjects};
 use super::watch::{Created, Kind};
 
-/// How long a create may take, recorded on its objects
-/// ([`names::CREATING_UNTIL_ANNOTATION`]): far above the ≈10 s of a
-/// 100-sandbox pool, so other replicas see a running create as one.
-const CREATE_WINDOW: k8s_openapi::jiff::SignedDuration =
-    k8s_openapi::jiff::SignedDuration::from_secs(120);
-
 impl KubeBackend {
-    /// Creates every object of `spec`; on a failure half-way, deletes what
-    /// this call made.
+    /// Creates every object of `spec`, then marks the create complete on
+    /// its first object (one patch); on a failure half-way, deletes what
+    /// this call made. A create whose process dies before the mark is
+    /// deleted by the reaper of any replica once its window has passed
+    /// (`abandoned`).
     pub(super) async fn create(&self, spec: &PoolSpec) -> Result<PoolStatus, BackendError> {
         // A concurrent create of the same name in this process is a conflict;
         // across processes the pre-check and the API's 409 catch it.
@@ -36,7 +33,11 @@ impl KubeBackend {
             return Err(BackendError::AlreadyExists);
         };
         let mut created = Created::default();
-        match self.create_objects(spec, &mut created).await {
+        let made = match self.create_objects(spec, &mut created).await {
+            Ok(made) => self.mark_created(spec).await.map(|()| made),
+            Err(error) => Err(error),
+        };
+        match made {
             Ok(made) => self.created_status(spec, &created, made).await,
             Err(error) => {
                 if !created.objects.is_empty() {
@@ -78,8 +79,10 @@ impl KubeBackend {
         spec: &PoolSpec,
         created: &mut Created,
     ) -> Result<PoolObjects, BackendError> {
+        let window =
+            SignedDuration::try_from(self.settings.create_window).unwrap_or(SignedDuration::MAX);
         let meta = PoolMeta {
-            creating_until: Timestamp::now().checked_add(CREATE_WINDOW).ok(),
+            creating_until: Timestamp::now().checked_add(window).ok(),
             ..PoolMeta::from(spec)
         };
         match &spec.strategy {
@@ -149,6 +152,23 @@ impl KubeBackend {
                 made.pvcs = pvcs;
                 Ok(made)
             }
+        }
+    }
+
+    /// Marks the create of `spec` complete: its anchor's mark goes from
+    /// pending to done. Fails if a reaper took the create for abandoned
+    /// first (it ran past its window), so the create then rolls back
+    /// rather than leaving a pool the reaper is deleting.
+    async fn mark_created(&self, spec: &PoolSpec) -> Result<(), BackendError> {
+        let (kind, anchor) = objects::anchor(&spec.name, StrategyKind::of(&spec.strategy));
+        let context = format!("mark the create of sandbox pool {} complete", spec.name);
+        match self.swap_mark(kind, &anchor, names::CREATED_DONE).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(BackendError::internal(
+                context,
+                format!("{anchor} is no longer pending: the create ran past its window and was taken for abandoned"),
+            )),
+            Err(error) => Err(BackendError::internal(context, error)),
         }
     }
 

@@ -8,8 +8,10 @@
 //!   `watch_health`: whether their watches run (for readiness);
 //! - [`backend`]: [`KubeBackend`], the [`crate::pool::SandboxBackend`];
 //!   `create`, `lifecycle` and `contexts` add pool creation, suspend and
-//!   resume, and named contexts to it.
+//!   resume, and named contexts to it; `abandoned` deletes what a create
+//!   left when its process died half-way (for the reaper).
 
+mod abandoned;
 pub mod backend;
 mod contexts;
 pub mod crd;

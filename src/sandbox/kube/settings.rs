@@ -6,6 +6,10 @@ use std::time::Duration;
 /// The default field manager recorded on every object this service writes.
 pub const DEFAULT_FIELD_MANAGER: &str = "context-service";
 
+/// Default of [`KubeSettings::create_window`]: far above the ≈10 s of a
+/// 100-sandbox pool.
+pub const DEFAULT_CREATE_WINDOW: Duration = Duration::from_secs(120);
+
 /// Settings of the `kube` backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeSettings {
@@ -48,6 +52,12 @@ pub struct KubeSettings {
     /// How long a read waits for the watch caches' first list (at start-up)
     /// before answering an internal error.
     pub initial_sync_timeout: Duration,
+    /// How long a pool create may take, recorded on its objects
+    /// (`context.rossoctl.io/creating-until`): until then other replicas
+    /// see it as running; after it, a create that has not marked its
+    /// completion is abandoned (its replica died) and any replica's reaper
+    /// deletes what it made. Short only in tests.
+    pub create_window: Duration,
 }
 
 impl KubeSettings {
@@ -71,6 +81,7 @@ impl KubeSettings {
             delivery_container: None,
             cache_sync_timeout: Duration::from_secs(5),
             initial_sync_timeout: Duration::from_secs(30),
+            create_window: DEFAULT_CREATE_WINDOW,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::jiff::Timestamp;
 use kube::client::Body;
 use kube::Client;
 use serde_json::{json, Value};
@@ -168,6 +169,18 @@ impl FakeApi {
         object["metadata"]["resourceVersion"] = json!(rev.to_string());
         let object = object.clone();
         emit(&mut state, NS, plural, "MODIFIED", &object);
+    }
+
+    /// Deletes a stored object (as `kubectl delete` would) and tells the
+    /// watchers.
+    fn remove(&self, plural: &str, name: &str) {
+        let mut state = self.state();
+        let removed = state
+            .objects
+            .get_mut(&format!("{NS}/{plural}"))
+            .and_then(|objects| objects.remove(name))
+            .expect("object to remove");
+        emit(&mut state, NS, plural, "DELETED", &removed);
     }
 
     fn names(&self, plural: &str) -> Vec<String> {
@@ -375,7 +388,16 @@ impl FakeApi {
                 else {
                     return not_found(&name);
                 };
-                merge(object, &body);
+                if recorded.content_type.as_deref() == Some("application/json-patch+json") {
+                    if let Err(message) = json_patch(object, &body) {
+                        return respond(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            &status_body(422, "Invalid", &message),
+                        );
+                    }
+                } else {
+                    merge(object, &body);
+                }
                 object["metadata"]["resourceVersion"] = json!(rev.to_string());
                 let object = object.clone();
                 emit(&mut state, &namespace, &plural, "MODIFIED", &object);
@@ -424,6 +446,41 @@ fn merge(target: &mut Value, patch: &Value) {
         }
         (target, patch) => *target = patch.clone(),
     }
+}
+
+/// Applies a JSON patch (`test`, `add`, `replace`, `remove` on object
+/// members) to `target`, all or nothing; the API server's message on a
+/// failed `test`.
+fn json_patch(target: &mut Value, ops: &Value) -> Result<(), String> {
+    let mut patched = target.clone();
+    for op in ops.as_array().ok_or("not a JSON patch")? {
+        let path = op["path"].as_str().ok_or("op without a path")?;
+        let keys: Vec<String> = path
+            .split('/')
+            .skip(1)
+            .map(|k| k.replace("~1", "/").replace("~0", "~"))
+            .collect();
+        let (last, parents) = keys.split_last().ok_or("empty path")?;
+        let mut parent = &mut patched;
+        for key in parents {
+            parent = parent.get_mut(key).ok_or(format!("missing path {path}"))?;
+        }
+        let parent = parent.as_object_mut().ok_or("not an object")?;
+        match op["op"].as_str() {
+            Some("test") if parent.get(last) == Some(&op["value"]) => {}
+            Some("test") => return Err(format!("testing value {path} failed")),
+            Some("add") => {
+                parent.insert(last.clone(), op["value"].clone());
+            }
+            Some("replace") if parent.contains_key(last) => {
+                parent.insert(last.clone(), op["value"].clone());
+            }
+            Some("remove") if parent.remove(last).is_some() => {}
+            _ => return Err(format!("cannot apply {op}")),
+        }
+    }
+    *target = patched;
+    Ok(())
 }
 
 /// `k=v` and `k` (exists) terms, comma-separated.
@@ -578,6 +635,8 @@ async fn dedicated_create_makes_pvcs_then_sandboxes_and_owns_each_pvc() {
             "PATCH persistentvolumeclaims/review-workspace-0",
             "POST sandboxes/sandbox-review-1",
             "PATCH persistentvolumeclaims/review-workspace-1",
+            // The completion mark, on the first object the create made.
+            "PATCH persistentvolumeclaims/review-workspace-0",
         ]
     );
     let requests = fake.requests();
@@ -655,7 +714,17 @@ async fn shared_create_makes_one_rwx_pvc_owned_by_no_sandbox() {
         pvc["metadata"]["labels"]["context.rossoctl.io/replicas"],
         "3"
     );
-    assert!(!fake.lines().iter().any(|l| l.starts_with("PATCH")));
+    // No owner for the shared PVC: the one patch is the completion mark.
+    let patches: Vec<_> = fake
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("PATCH"))
+        .collect();
+    assert_eq!(patches, ["PATCH persistentvolumeclaims/team-workspace"]);
+    assert_eq!(
+        pvc["metadata"]["annotations"]["context.rossoctl.io/created"],
+        "true"
+    );
     assert_eq!(fake.names(SANDBOXES).len(), 3);
 }
 
@@ -821,6 +890,7 @@ async fn warm_create_checks_the_pool_and_makes_claims_with_a_lifecycle() {
             "LIST persistentvolumeclaims",
             "POST sandboxclaims/claim-fast-0",
             "POST sandboxclaims/claim-fast-1",
+            "PATCH sandboxclaims/claim-fast-0",
         ]
     );
     let claim = fake.object(CLAIMS, "claim-fast-1");
@@ -1194,6 +1264,354 @@ async fn every_object_of_a_create_records_when_it_may_still_add_members() {
 }
 
 #[tokio::test]
+async fn a_create_marks_its_completion_on_its_first_object_with_one_patch() {
+    let fake = FakeApi::default();
+    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
+    let backend = fake.backend();
+    let existing = Strategy::Existing {
+        claim_name: "data".to_string(),
+        read_only: false,
+    };
+    fake.insert(NS, PVCS, plain_pvc("data", "ReadWriteMany", json!({})));
+    let warm = Strategy::Warm {
+        pool: "agents".to_string(),
+    };
+    let shared = Strategy::Shared {
+        size: "1Gi".to_string(),
+        storage_class: None,
+    };
+    for (pool, strategy, plural, anchor) in [
+        ("d", dedicated(), PVCS, "d-workspace-0"),
+        ("s", shared, PVCS, "s-workspace"),
+        ("e", existing, SANDBOXES, "sandbox-e-0"),
+        ("w", warm, CLAIMS, "claim-w-0"),
+    ] {
+        let before = fake.requests().len();
+        backend
+            .create_pool(&spec(pool, 2, strategy))
+            .await
+            .expect("created");
+        let requests = fake.requests()[before..].to_vec();
+        // The anchor is the first object made, and the only one with a mark.
+        let posts: Vec<&Recorded> = requests
+            .iter()
+            .filter(|r| r.method == Method::POST)
+            .collect();
+        assert_eq!(posts[0].name.as_deref(), Some(anchor), "{pool}");
+        for post in &posts {
+            let mark = &post.body["metadata"]["annotations"]["context.rossoctl.io/created"];
+            if post.name.as_deref() == Some(anchor) {
+                assert_eq!(mark, "false", "{pool}");
+            } else {
+                assert!(mark.is_null(), "{pool}: {post:?}");
+            }
+        }
+        // One extra request, the last: a compare-and-swap from pending.
+        let last = requests.last().expect("requests");
+        assert_eq!(last.line(), format!("PATCH {plural}/{anchor}"), "{pool}");
+        assert_eq!(
+            last.content_type.as_deref(),
+            Some("application/json-patch+json")
+        );
+        assert_eq!(last.body[0]["op"], "test");
+        let stored = fake.object(plural, anchor);
+        assert_eq!(
+            stored["metadata"]["annotations"]["context.rossoctl.io/created"], "true",
+            "{pool}"
+        );
+    }
+}
+
+/// Inserts what a dedicated create of `name` with `replicas` left when
+/// its process died after `made` sandboxes: every PVC, the first Sandboxes,
+/// all with its window ending at `until` (the first PVC with the pending
+/// completion mark).
+fn half_made(fake: &FakeApi, name: &str, replicas: u32, made: u32, until: Timestamp) {
+    use super::objects::{self, PoolMeta, StrategyKind, WorkspaceRecord, WorkspaceVolume};
+    let meta = PoolMeta {
+        name,
+        replicas,
+        owner_scope: OWNER,
+        strategy: StrategyKind::Dedicated,
+        expires_at: None,
+        creating_until: Some(until),
+    };
+    let record = WorkspaceRecord {
+        size: "1Gi".into(),
+        access_mode: "ReadWriteOnce".into(),
+        storage_class: None,
+    };
+    let pvcs: Vec<String> = (0..replicas)
+        .map(|i| crate::pool::names::dedicated_workspace(name, i))
+        .collect();
+    for pvc in &pvcs {
+        let object = objects::workspace_pvc(&settings(), &meta, pvc, "1Gi", "ReadWriteOnce", None);
+        fake.insert(NS, PVCS, serde_json::to_value(&object).expect("JSON"));
+    }
+    for i in 0..made {
+        let volume = WorkspaceVolume {
+            claim_name: &pvcs[i as usize],
+            read_only: false,
+        };
+        let object = objects::sandbox(&settings(), &meta, i, volume, &record);
+        fake.insert(NS, SANDBOXES, serde_json::to_value(&object).expect("JSON"));
+    }
+}
+
+fn seconds_from_now(seconds: i64) -> Timestamp {
+    Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
+        .expect("time")
+}
+
+/// The annotation `key` of a stored object.
+fn annotation(fake: &FakeApi, plural: &str, name: &str, key: &str) -> Value {
+    fake.object(plural, name)["metadata"]["annotations"][key].clone()
+}
+
+#[tokio::test]
+async fn an_abandoned_create_is_deleted_once_its_window_passed_and_nothing_else() {
+    let mut short = settings();
+    short.create_window = Duration::from_millis(300);
+    let fake = FakeApi::default();
+    // Died after PVCs 0-2 and sandbox 0; its window ended a second ago.
+    half_made(&fake, "half", 3, 1, seconds_from_now(-1));
+    // A reaper claimed this one and died before deleting all (window still
+    // open: claimed is claimed).
+    half_made(&fake, "claimed", 2, 2, seconds_from_now(60));
+    fake.update(PVCS, "claimed-workspace-0", |pvc| {
+        pvc["metadata"]["annotations"]["context.rossoctl.io/created"] = json!("abandoned");
+    });
+    // An older version's half pool: a window but no mark. Never touched.
+    half_made(&fake, "old", 2, 1, seconds_from_now(-1));
+    fake.update(PVCS, "old-workspace-0", |pvc| {
+        let annotations = pvc["metadata"]["annotations"].as_object_mut().expect("map");
+        annotations.remove("context.rossoctl.io/created");
+    });
+    let backend = KubeBackend::new(fake.client(), short).expect("backend");
+    backend.start_watchers();
+    // A completed pool whose last member someone deleted after its window.
+    backend
+        .create_pool(&spec("done", 2, dedicated()))
+        .await
+        .expect("created");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    fake.remove(SANDBOXES, "sandbox-done-1");
+
+    let status = backend
+        .get_pool("half")
+        .await
+        .expect("get")
+        .expect("present");
+    assert_eq!(status.phase, PoolPhase::Failed, "{status:?}");
+    assert_eq!(status.reason.as_deref(), Some("CreateAbandoned"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("the create stopped at 1 of 3 sandboxes: the replica making it went away; its objects are being deleted")
+    );
+    let done = loop {
+        let done = backend
+            .get_pool("done")
+            .await
+            .expect("get")
+            .expect("present");
+        if done.members.len() == 1 {
+            break done;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(done.reason.as_deref(), Some("SandboxMissing"), "{done:?}");
+
+    let before = fake.requests().len();
+    let next = backend
+        .reap_abandoned(Timestamp::now())
+        .await
+        .expect("reaped");
+    assert_eq!(next, None);
+    let lines: Vec<String> = fake.requests()[before..]
+        .iter()
+        .filter(|r| !r.is_watch() && r.plural != PODS)
+        .map(Recorded::line)
+        .collect();
+    // The claimed one at once (no second claim), then "half": claimed by a
+    // compare-and-swap from pending, then every object of that create, the
+    // anchor last.
+    assert_eq!(
+        lines,
+        [
+            "LIST sandboxclaims",
+            "LIST sandboxes",
+            "LIST persistentvolumeclaims",
+            "DELETE sandboxes/sandbox-claimed-0",
+            "DELETE sandboxes/sandbox-claimed-1",
+            "DELETE persistentvolumeclaims/claimed-workspace-1",
+            "DELETE persistentvolumeclaims/claimed-workspace-0",
+            "PATCH persistentvolumeclaims/half-workspace-0",
+            "LIST sandboxclaims",
+            "LIST sandboxes",
+            "LIST persistentvolumeclaims",
+            "DELETE sandboxes/sandbox-half-0",
+            "DELETE persistentvolumeclaims/half-workspace-1",
+            "DELETE persistentvolumeclaims/half-workspace-2",
+            "DELETE persistentvolumeclaims/half-workspace-0",
+        ]
+    );
+    assert_eq!(fake.names(SANDBOXES), ["sandbox-done-0", "sandbox-old-0"]);
+    assert_eq!(
+        fake.names(PVCS),
+        [
+            "done-workspace-0",
+            "done-workspace-1",
+            "old-workspace-0",
+            "old-workspace-1"
+        ]
+    );
+    assert_eq!(
+        annotation(
+            &fake,
+            PVCS,
+            "done-workspace-0",
+            "context.rossoctl.io/created"
+        ),
+        "true"
+    );
+}
+
+#[tokio::test]
+async fn a_create_within_its_window_is_kept_and_the_reaper_wakes_at_its_end() {
+    let fake = FakeApi::default();
+    let until = seconds_from_now(60);
+    half_made(&fake, "busy", 3, 1, until);
+    let backend = fake.backend();
+    backend.start_watchers();
+    let status = backend
+        .get_pool("busy")
+        .await
+        .expect("get")
+        .expect("present");
+    assert_eq!(status.phase, PoolPhase::Provisioning, "{status:?}");
+    let before = fake.requests().len();
+    let next = backend
+        .reap_abandoned(Timestamp::now())
+        .await
+        .expect("reaped");
+    assert_eq!(next, Some(until));
+    assert!(
+        fake.requests()[before..]
+            .iter()
+            .all(|r| r.method == Method::GET),
+        "the reaper wrote"
+    );
+    assert_eq!(fake.names(SANDBOXES), ["sandbox-busy-0"]);
+    assert_eq!(
+        annotation(
+            &fake,
+            PVCS,
+            "busy-workspace-0",
+            "context.rossoctl.io/created"
+        ),
+        "false"
+    );
+
+    // Another replica's caches may see the mark on the first PVC before
+    // the last Sandbox (one watch per kind): within the window that is
+    // still `provisioning`, never `failed`.
+    backend
+        .create_pool(&spec("fresh", 2, dedicated()))
+        .await
+        .expect("created");
+    fake.remove(SANDBOXES, "sandbox-fresh-1");
+    let status = loop {
+        let status = backend
+            .get_pool("fresh")
+            .await
+            .expect("get")
+            .expect("present");
+        if status.members.len() == 1 {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(status.phase, PoolPhase::Provisioning, "{status:?}");
+}
+
+#[tokio::test]
+async fn concurrent_waiters_all_see_the_caches_sync() {
+    let fake = FakeApi::default();
+    let backend = Arc::new(fake.backend());
+    backend.start_watchers();
+    // Registered before any reflector ran its first list (the reaper's
+    // start scan, the metrics sampler and a request, all at start-up).
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let backend = backend.clone();
+            tokio::spawn(async move { backend.wait_synced(Duration::from_secs(20)).await })
+        })
+        .collect();
+    let started = tokio::time::Instant::now();
+    for waiter in waiters {
+        waiter.await.expect("task").expect("synced");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a waiter slept until its timeout: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_reaper_that_loses_the_claim_deletes_nothing_and_looks_again_soon() {
+    let fake = FakeApi::default();
+    half_made(&fake, "late", 2, 1, seconds_from_now(-1));
+    // The creator marked it done a moment before: the test fails.
+    fake.fail(Method::PATCH, PVCS, "late-workspace-0", 422);
+    let backend = fake.backend();
+    backend.start_watchers();
+    backend
+        .wait_synced(Duration::from_secs(5))
+        .await
+        .expect("synced");
+    let now = Timestamp::now();
+    let next = backend.reap_abandoned(now).await.expect("reaped");
+    let next = next.expect("a next look");
+    assert!(next > now && next <= seconds_from_now(1), "{next}");
+    assert_eq!(fake.names(SANDBOXES), ["sandbox-late-0"]);
+    assert_eq!(fake.names(PVCS).len(), 2);
+    assert!(!fake.lines().iter().any(|l| l.starts_with("DELETE")));
+}
+
+#[tokio::test]
+async fn a_create_that_loses_its_mark_to_a_reaper_rolls_back() {
+    let fake = FakeApi::default();
+    // A reaper claimed the create (it ran past its window): the mark's
+    // test fails.
+    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
+    fake.fail(Method::PATCH, CLAIMS, "claim-slow-0", 422);
+    let backend = fake.backend();
+    let warm = Strategy::Warm {
+        pool: "agents".to_string(),
+    };
+    let error = backend
+        .create_pool(&spec("slow", 2, warm))
+        .await
+        .expect_err("the mark fails");
+    assert_eq!(
+        internal_context(error),
+        "mark the create of sandbox pool slow complete"
+    );
+    let lines = fake.lines();
+    assert_eq!(
+        lines[lines.len() - 3..],
+        [
+            "PATCH sandboxclaims/claim-slow-0",
+            "DELETE sandboxclaims/claim-slow-1",
+            "DELETE sandboxclaims/claim-slow-0",
+        ]
+    );
+    assert!(fake.names(CLAIMS).is_empty());
+}
+
+#[tokio::test]
 async fn a_create_another_replica_runs_is_provisioning_until_its_window_ends() {
     use super::objects::{self, PoolMeta, StrategyKind, WorkspaceRecord, WorkspaceVolume};
     let fake = FakeApi::default();
@@ -1235,7 +1653,7 @@ async fn a_create_another_replica_runs_is_provisioning_until_its_window_ends() {
     assert_eq!(status.phase, PoolPhase::Provisioning, "{status:?}");
 
     // No event marks the window's end: the waiter wakes at it and reports
-    // the member the dead or slow create never made.
+    // the create abandoned (its first object never got the completion mark).
     let started = tokio::time::Instant::now();
     let status = backend
         .wait_pool("elsewhere", Duration::from_secs(20))
@@ -1243,8 +1661,11 @@ async fn a_create_another_replica_runs_is_provisioning_until_its_window_ends() {
         .expect("wait")
         .expect("present");
     assert_eq!(status.phase, PoolPhase::Failed, "{status:?}");
-    assert_eq!(status.reason.as_deref(), Some("SandboxMissing"));
-    assert_eq!(status.message.as_deref(), Some("1 of 2 sandboxes exist"));
+    assert_eq!(status.reason.as_deref(), Some("CreateAbandoned"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("the create stopped at 1 of 2 sandboxes: the replica making it went away; its objects are being deleted")
+    );
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",

@@ -40,6 +40,12 @@ pub struct Caches {
     pods: Store<Pod>,
     changes: watch::Receiver<u64>,
     health: WatchHealth,
+    /// Set once every store completed its first list. One waiter at a time
+    /// waits on the stores: kube-runtime's `wait_until_ready` wakes only
+    /// the last of several concurrent waiters (one oneshot waker), so the
+    /// others (the reaper's start scan, the metrics sampler, early
+    /// requests) slept until their timeout.
+    synced: Arc<tokio::sync::OnceCell<()>>,
 }
 
 /// The running watcher tasks; dropping this stops them.
@@ -85,6 +91,7 @@ pub fn start(client: &Client, namespace: &str) -> (Caches, Watchers) {
         pods,
         changes,
         health,
+        synced: Arc::default(),
     };
     (caches, Watchers { tasks })
 }
@@ -213,7 +220,7 @@ impl Spawner<'_> {
 impl Caches {
     /// Waits until every store has completed its first list, at most `timeout`.
     pub async fn synced(&self, timeout: Duration) -> Result<(), CacheError> {
-        let all = async {
+        let all = self.synced.get_or_try_init(|| async {
             self.claims
                 .wait_until_ready()
                 .await
@@ -232,9 +239,9 @@ impl Caches {
                 .map_err(|_| "persistentvolumeclaims")?;
             self.pods.wait_until_ready().await.map_err(|_| "pods")?;
             Ok::<(), &'static str>(())
-        };
+        });
         match tokio::time::timeout(timeout, all).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(&())) => Ok(()),
             Ok(Err(kind)) => Err(CacheError::Stopped(kind)),
             Err(_) => Err(CacheError::NotSynced),
         }

@@ -25,6 +25,7 @@ use super::crd::{
     WarmPoolRef,
 };
 use super::settings::KubeSettings;
+use super::watch::Kind;
 
 /// Annotation on Sandboxes and claims: the pool's strategy. Not upstream; it
 /// lets status tell dedicated from shared when the PVCs are gone.
@@ -136,17 +137,55 @@ impl<'a> From<&'a PoolSpec> for PoolMeta<'a> {
     }
 }
 
+/// The first object a create of `pool` makes, its anchor, which carries the
+/// create's completion mark ([`names::CREATED_ANNOTATION`]): the workspace
+/// PVC for dedicated (the first) and shared, Sandbox 0 for an existing
+/// claim, claim 0 for a warm pool. Being first, it exists whenever anything
+/// of the create does; a completed pool whose anchor was deleted since has
+/// no mark left and is never taken for an abandoned create.
+pub fn anchor(pool: &str, strategy: StrategyKind) -> (Kind, String) {
+    match strategy {
+        StrategyKind::Dedicated => (Kind::Pvc, names::dedicated_workspace(pool, 0)),
+        StrategyKind::Shared => (Kind::Pvc, names::shared_workspace(pool)),
+        StrategyKind::Existing => (Kind::Sandbox, names::sandbox(pool, 0)),
+        StrategyKind::Warm => (Kind::Claim, names::claim(pool, 0)),
+    }
+}
+
 /// The annotations every object of `pool` carries: its expiry and the end
-/// of the create making it.
-fn pool_annotations(pool: &PoolMeta<'_>) -> BTreeMap<String, String> {
+/// of the create making it; the anchor (`kind`, `object`) of a create with
+/// a window also the pending completion mark.
+fn pool_annotations(pool: &PoolMeta<'_>, kind: Kind, object: &str) -> BTreeMap<String, String> {
     let mut annotations = names::expiry_annotations(pool.expires_at);
     if let Some(until) = pool.creating_until {
         annotations.insert(
             names::CREATING_UNTIL_ANNOTATION.to_owned(),
             until.to_string(),
         );
+        if anchor(pool.name, pool.strategy) == (kind, object.to_owned()) {
+            annotations.insert(
+                names::CREATED_ANNOTATION.to_owned(),
+                names::CREATED_PENDING.to_owned(),
+            );
+        }
     }
     annotations
+}
+
+/// The JSON patch that moves a create's mark ([`names::CREATED_ANNOTATION`])
+/// from pending to `to`, and fails (`422`) unless it is pending: the
+/// compare-and-swap between a creator finishing and a reaper claiming.
+pub fn created_mark_patch(to: &str) -> serde_json::Value {
+    let path = format!(
+        "/metadata/annotations/{}",
+        names::CREATED_ANNOTATION
+            .replace('~', "~0")
+            .replace('/', "~1")
+    );
+    serde_json::json!([
+        {"op": "test", "path": path, "value": names::CREATED_PENDING},
+        {"op": "replace", "path": path, "value": to},
+    ])
 }
 
 /// The workspace as recorded on the Sandboxes for status: for managed
@@ -209,7 +248,7 @@ pub fn workspace_pvc(
 ) -> PersistentVolumeClaim {
     let mut labels = pool_labels(pool);
     labels.insert(names::REPLICAS_KEY.to_string(), pool.replicas.to_string());
-    let annotations = pool_annotations(pool);
+    let annotations = pool_annotations(pool, Kind::Pvc, name);
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -257,7 +296,8 @@ pub fn sandbox(
     workspace: &WorkspaceRecord,
 ) -> Sandbox {
     let labels = pool_labels(pool);
-    let mut annotations = pool_annotations(pool);
+    let name = names::sandbox(pool.name, index);
+    let mut annotations = pool_annotations(pool, Kind::Sandbox, &name);
     annotations.extend([
         (
             names::WORKSPACE_READ_ONLY_ANNOTATION.to_string(),
@@ -339,7 +379,7 @@ pub fn sandbox(
         ..PodSpec::default()
     };
     let mut object = Sandbox::new(
-        &names::sandbox(pool.name, index),
+        &name,
         SandboxSpec {
             pod_template: PodTemplate {
                 metadata: Some(PodMetadata {
@@ -372,8 +412,9 @@ pub fn sandbox_claim(
     warm_pool: &str,
     now: Timestamp,
 ) -> SandboxClaim {
+    let name = names::claim(pool.name, index);
     let mut object = SandboxClaim::new(
-        &names::claim(pool.name, index),
+        &name,
         SandboxClaimSpec {
             warm_pool_ref: WarmPoolRef {
                 name: warm_pool.to_string(),
@@ -396,7 +437,7 @@ pub fn sandbox_claim(
     );
     object.metadata.namespace = Some(settings.namespace.clone());
     object.metadata.labels = Some(pool_labels(pool));
-    let mut annotations = pool_annotations(pool);
+    let mut annotations = pool_annotations(pool, Kind::Claim, &name);
     annotations.extend([
         (names::REPLICAS_KEY.to_string(), pool.replicas.to_string()),
         (

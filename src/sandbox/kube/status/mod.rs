@@ -7,6 +7,14 @@
 //! module finds the members of warm and direct pools; `conditions` says
 //! why a member is not ready and what phase that gives the pool;
 //! `workspace` reads back a direct pool's workspace and strategy.
+//!
+//! A create records on its objects until when it may still add members
+//! (`creating-until`) and on its first object whether it finished
+//! (`created`, [`create_mark`]): within the window a create is
+//! `provisioning` on every replica; after it, one that never marked its
+//! completion is `failed` (`CreateAbandoned`, [`abandoned`]) and the reaper
+//! deletes it, while a finished one's missing member is `failed`
+//! (`SandboxMissing`) and stays.
 
 mod conditions;
 mod workspace;
@@ -24,6 +32,7 @@ use crate::pool::names;
 
 use super::crd::{Sandbox, SandboxClaim};
 use super::objects::{StrategyKind, ANN_POD_NAME, ANN_STRATEGY, OPERATING_MODE_SUSPENDED};
+use super::watch::Kind;
 use conditions::{condition, finish, is_true, Problem};
 use workspace::{direct_workspace, infer_strategy, requested_strategy};
 
@@ -55,18 +64,100 @@ impl PoolObjects {
 }
 
 /// The status of pool `name`, or `None` when no object of it exists.
-/// `creating` says a create of this pool is still running, so missing
-/// members are expected rather than a failure.
+/// `creating` says this process is creating the pool right now, so missing
+/// members are expected rather than a failure (and it is not abandoned,
+/// however long it takes).
 pub fn pool_status(name: &str, objects: &PoolObjects, creating: bool) -> Option<PoolStatus> {
     if objects.is_empty() {
         return None;
     }
+    let now = Timestamp::now();
     // Maybe another replica of the service is creating it.
-    let creating = creating || create_pending(objects, Timestamp::now());
-    Some(if objects.claims.is_empty() {
-        direct_status(name, objects, creating)
+    let pending = creating || create_pending(objects, now);
+    let mut status = if objects.claims.is_empty() {
+        direct_status(name, objects, pending)
     } else {
-        warm_status(name, objects, creating)
+        warm_status(name, objects, pending)
+    };
+    if !creating && abandoned(objects, now).is_some() {
+        status.phase = PoolPhase::Failed;
+        status.reason = Some(CREATE_ABANDONED.to_owned());
+        status.message = Some(format!(
+            "the create stopped at {} of {} sandboxes: the replica making it went away; \
+             its objects are being deleted",
+            status.members.len(),
+            status.replicas
+        ));
+    }
+    Some(status)
+}
+
+/// Reason of a pool whose create was abandoned half-way ([`abandoned`]).
+pub const CREATE_ABANDONED: &str = "CreateAbandoned";
+
+/// Where a create stands, from its completion mark
+/// ([`names::CREATED_ANNOTATION`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkState {
+    /// Still making objects (or dead before the mark).
+    Pending,
+    /// Every object was made (any value but pending or abandoned reads so:
+    /// never reaped).
+    Done,
+    /// A reaper claimed it and is deleting what it made.
+    Abandoned,
+}
+
+/// A create's completion mark, as its anchor carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateMark {
+    /// Kind of the anchor.
+    pub kind: Kind,
+    /// Name of the anchor.
+    pub name: String,
+    /// The mark.
+    pub state: MarkState,
+    /// The end of that create's window, from the anchor.
+    pub until: Option<Timestamp>,
+}
+
+/// The completion mark of the pool's create, from the one object carrying
+/// it; `None` for pools of older versions and for a pool whose anchor was
+/// deleted since.
+pub fn create_mark(objects: &PoolObjects) -> Option<CreateMark> {
+    let claims = objects.claims.iter().map(|c| (Kind::Claim, &c.metadata));
+    let sandboxes = objects
+        .sandboxes
+        .iter()
+        .map(|s| (Kind::Sandbox, &s.metadata));
+    let pvcs = objects.pvcs.iter().map(|p| (Kind::Pvc, &p.metadata));
+    claims
+        .chain(sandboxes)
+        .chain(pvcs)
+        .find_map(|(kind, meta)| {
+            let annotations = meta.annotations.as_ref()?;
+            let state = match annotations.get(names::CREATED_ANNOTATION)?.as_str() {
+                names::CREATED_PENDING => MarkState::Pending,
+                names::CREATED_ABANDONED => MarkState::Abandoned,
+                _ => MarkState::Done,
+            };
+            Some(CreateMark {
+                kind,
+                name: meta.name.clone().unwrap_or_default(),
+                state,
+                until: window_end(annotations),
+            })
+        })
+}
+
+/// The mark of a create that was abandoned at `now`: still pending after
+/// its window (the replica making it died half-way), or already claimed
+/// by a reaper. Its objects are to be deleted.
+pub fn abandoned(objects: &PoolObjects, now: Timestamp) -> Option<CreateMark> {
+    create_mark(objects).filter(|mark| match mark.state {
+        MarkState::Abandoned => true,
+        MarkState::Pending => mark.until.is_some_and(|until| until <= now),
+        MarkState::Done => false,
     })
 }
 
@@ -273,16 +364,33 @@ pub fn creating_until(objects: &PoolObjects) -> Option<Timestamp> {
     claims
         .chain(sandboxes)
         .chain(pvcs)
-        .filter_map(|a| a.get(names::CREATING_UNTIL_ANNOTATION)?.parse().ok())
+        .filter_map(window_end)
         .max()
 }
 
+/// The [`names::CREATING_UNTIL_ANNOTATION`] in `annotations`, if readable.
+pub fn window_end(annotations: &BTreeMap<String, String>) -> Option<Timestamp> {
+    annotations
+        .get(names::CREATING_UNTIL_ANNOTATION)?
+        .parse()
+        .ok()
+}
+
 /// Whether a create recorded on the objects may still be adding members at
-/// `now`: its window has not ended and the members made so far are the
-/// first ones. Creates add members in index order, so a gap is a member
-/// deleted since, which is a failure at once.
+/// `now`: its window has not ended, no reaper claimed it as abandoned, and
+/// the members made so far are the first ones. Creates add members in
+/// index order, so a gap is a member deleted since, which is a failure at
+/// once.
+///
+/// A completion mark does not end the window early: each kind has its own
+/// watch, so another replica's caches may show the mark on the first PVC
+/// before the last Sandboxes, and a pool still arriving would read
+/// `failed`.
 pub fn create_pending(objects: &PoolObjects, now: Timestamp) -> bool {
     if creating_until(objects).is_none_or(|until| until <= now) {
+        return false;
+    }
+    if create_mark(objects).is_some_and(|mark| mark.state == MarkState::Abandoned) {
         return false;
     }
     let mut indices: Vec<u64> = if objects.claims.is_empty() {
