@@ -151,20 +151,7 @@ pub(crate) async fn start_server_with(
     let client = super::rbac::service_client(&admin, ns)
         .await
         .expect("a client as the deploy's ServiceAccount");
-    let ns = ns.to_owned();
-    TestServer::start_with_options(
-        move |cfg| {
-            cfg.backend = BackendKind::Kube;
-            cfg.namespace = ns;
-            cfg.kube_sandbox_image = Some(IMAGE.to_owned());
-            adjust(cfg);
-        },
-        BuildOptions {
-            kube_client: Some(client),
-            ..BuildOptions::default()
-        },
-    )
-    .await
+    start_server_as(ns, adjust, client).await
 }
 
 /// [`start_server_with`] whose API client dies at `die` (see
@@ -178,6 +165,15 @@ pub(crate) async fn start_dying_server_with(
     let client = super::rbac::dying_service_client(&admin, ns, die)
         .await
         .expect("a client as the deploy's ServiceAccount");
+    start_server_as(ns, adjust, client).await
+}
+
+/// A `kube` service in `ns` whose API client is `client`.
+async fn start_server_as(
+    ns: &str,
+    adjust: impl FnOnce(&mut context_service::config::ServeConfig),
+    client: kube::Client,
+) -> TestServer {
     let ns = ns.to_owned();
     TestServer::start_with_options(
         move |cfg| {

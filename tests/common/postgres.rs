@@ -240,13 +240,7 @@ impl Cluster {
             let file = self.dir.join(name);
             std::fs::write(&file, contents).expect("writing TLS files");
             std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-            if is_root() {
-                let status = Command::new("chown")
-                    .args(["postgres:postgres", path(&file)])
-                    .status()
-                    .expect("chown");
-                assert!(status.success(), "chown postgres {}", file.display());
-            }
+            give_to_server_user(&file);
         }
     }
 
@@ -349,14 +343,19 @@ fn make_dir() -> PathBuf {
         .tempdir()
         .expect("tempdir")
         .keep();
+    give_to_server_user(&dir);
+    dir
+}
+
+/// Makes `file` the server's user's (`postgres`) when we are root.
+fn give_to_server_user(file: &Path) {
     if is_root() {
         let status = Command::new("chown")
-            .args(["postgres:postgres", path(&dir)])
+            .args(["postgres:postgres", path(file)])
             .status()
             .expect("chown");
-        assert!(status.success(), "chown postgres {}", dir.display());
+        assert!(status.success(), "chown postgres {}", file.display());
     }
-    dir
 }
 
 fn free_port() -> u16 {
