@@ -943,7 +943,8 @@ async fn create_until_ready(env: &Env, body: &serde_json::Value) -> Result<(Dura
 /// Time from `POST /v1/sandbox-pools` to `ready` for 1, 10 and 50 replicas
 /// (warm pool filled to the replica count beforehand; dedicated with fresh
 /// RWO PVCs), then 20 concurrent creates of one-replica pools: create
-/// latency and create → ready, p50/p99 (with 20 samples p99 is the max).
+/// latency and create → ready, p50/p99 (with 20 samples p99 is the max),
+/// and the 20 pools' concurrent deletes (until `204`).
 /// Each row runs in a fresh namespace with a fresh service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run by benches/k8s_pools.sh"]
@@ -996,12 +997,30 @@ async fn bench_pools() {
             }
             created.sort();
             ready.sort();
+            // Then the 20 ready pools deleted at once: DELETE until 204.
+            let tasks: Vec<_> = (0..20)
+                .map(|i| {
+                    let env = env.clone();
+                    tokio::spawn(async move {
+                        let t0 = Instant::now();
+                        env.delete_pool(&format!("c{i}")).await?;
+                        Ok::<_, anyhow::Error>(t0.elapsed())
+                    })
+                })
+                .collect();
+            let mut deleted = Vec::new();
+            for task in tasks {
+                deleted.push(task.await??);
+            }
+            deleted.sort();
             let row = format!(
-                "| {strategy:9} | {:>10} | {:>10} | {:>10} | {:>10} |",
+                "| {strategy:9} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} | {:>10} |",
                 millis(percentile(&created, 0.5)),
                 millis(percentile(&created, 0.99)),
                 millis(percentile(&ready, 0.5)),
                 millis(percentile(&ready, 0.99)),
+                millis(percentile(&deleted, 0.5)),
+                millis(percentile(&deleted, 0.99)),
             );
             println!("{row}");
             let _ = tx.send(row);
@@ -1016,9 +1035,9 @@ async fn bench_pools() {
     for row in rows.lock().unwrap().iter() {
         println!("{row}");
     }
-    println!("\n20 concurrent creates of one-replica pools (ms; p99 of 20 = max)\n");
-    println!("| strategy  | create p50 | create p99 | ready p50  | ready p99  |");
-    println!("|-----------|------------|------------|------------|------------|");
+    println!("\n20 concurrent creates, then 20 concurrent deletes, of one-replica pools (ms; p99 of 20 = max)\n");
+    println!("| strategy  | create p50 | create p99 | ready p50  | ready p99  | delete p50 | delete p99 |");
+    println!("|-----------|------------|------------|------------|------------|------------|------------|");
     for row in &concurrent {
         println!("{row}");
     }

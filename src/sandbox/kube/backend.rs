@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -30,6 +31,10 @@ use super::watch::{self, CacheError, Caches, Kind, SelectorWatches, Watchers};
 /// Past the end of another replica's create, so the status read then no
 /// longer counts it as running.
 const CLOCK_STEP: Duration = Duration::from_millis(5);
+
+/// Deletes of one kind of a pool's objects in flight at once: a pool of 50
+/// is removed in a few round trips, and the API server is not flooded.
+const DELETES_IN_FLIGHT: usize = 16;
 
 /// Why a [`KubeBackend`] cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -226,61 +231,76 @@ impl KubeBackend {
         last: Option<(Kind, &str)>,
     ) -> Result<Deleted, BackendError> {
         let selector = objects::managed_pool_selector(name);
-        let mut claims = self
-            .list_or_empty::<SandboxClaim>(&selector, None)
-            .await
-            .map_err(|e| BackendError::internal("list sandbox claims", e))?;
+        // The three lists at once: a delete is a few round trips, not six.
+        let (mut claims, mut sandboxes, mut pvcs) = tokio::try_join!(
+            async {
+                self.list_or_empty::<SandboxClaim>(&selector, None)
+                    .await
+                    .map_err(|e| BackendError::internal("list sandbox claims", e))
+            },
+            async {
+                self.list_or_empty::<Sandbox>(&selector, None)
+                    .await
+                    .map_err(|e| BackendError::internal("list sandboxes", e))
+            },
+            async {
+                self.list_or_empty::<PersistentVolumeClaim>(&selector, None)
+                    .await
+                    .map_err(|e| BackendError::internal("list workspace PVCs", e))
+            },
+        )?;
         claims.retain(|o| select(o.meta()));
-        let mut sandboxes = self
-            .list_or_empty::<Sandbox>(&selector, None)
-            .await
-            .map_err(|e| BackendError::internal("list sandboxes", e))?;
         sandboxes.retain(|o| select(o.meta()));
-        let mut pvcs = self
-            .list_or_empty::<PersistentVolumeClaim>(&selector, None)
-            .await
-            .map_err(|e| BackendError::internal("list workspace PVCs", e))?;
         pvcs.retain(|o| select(o.meta()));
         let deleted = Deleted {
             claims: claims.len(),
             sandboxes: sandboxes.len(),
             pvcs: pvcs.len(),
         };
-        let is_last = |kind: Kind, object: &str| last == Some((kind, object));
-        // Claims in the foreground, as upstream: the claim stays visible
-        // until its Sandbox and Pod are gone, so the pool does not look
-        // released while its sandboxes still run.
         let mut deferred = None;
-        for claim in &claims {
-            let claim_name = claim.name_any();
-            if is_last(Kind::Claim, &claim_name) {
-                deferred = Some((Kind::Claim, claim_name));
-                continue;
-            }
-            self.delete_one(Kind::Claim, &claim_name).await?;
-        }
-        for sandbox in &sandboxes {
-            let sandbox_name = sandbox.name_any();
-            if is_last(Kind::Sandbox, &sandbox_name) {
-                deferred = Some((Kind::Sandbox, sandbox_name));
-                continue;
-            }
-            self.delete_one(Kind::Sandbox, &sandbox_name).await?;
-        }
-        // Only PVCs with our pool and managed-by labels: never the caller's
-        // existing claim, which carries neither.
-        for pvc in &pvcs {
-            let pvc_name = pvc.name_any();
-            if is_last(Kind::Pvc, &pvc_name) {
-                deferred = Some((Kind::Pvc, pvc_name));
-                continue;
-            }
-            self.delete_one(Kind::Pvc, &pvc_name).await?;
-        }
+        let mut take = |kind: Kind, names: Vec<String>| -> Vec<String> {
+            names
+                .into_iter()
+                .filter(|object| {
+                    let is_last = last == Some((kind, object.as_str()));
+                    if is_last {
+                        deferred = Some((kind, object.clone()));
+                    }
+                    !is_last
+                })
+                .collect()
+        };
+        let claims = take(
+            Kind::Claim,
+            claims.iter().map(ResourceExt::name_any).collect(),
+        );
+        let sandboxes = take(
+            Kind::Sandbox,
+            sandboxes.iter().map(ResourceExt::name_any).collect(),
+        );
+        let pvcs = take(Kind::Pvc, pvcs.iter().map(ResourceExt::name_any).collect());
+        // Kind by kind, the objects of a kind at once. Claims in the
+        // foreground, as upstream: the claim stays visible until its Sandbox
+        // and Pod are gone, so the pool does not look released while its
+        // sandboxes still run. Only PVCs with our pool and managed-by labels:
+        // never the caller's existing claim, which carries neither.
+        self.delete_all(Kind::Claim, claims).await?;
+        self.delete_all(Kind::Sandbox, sandboxes).await?;
+        self.delete_all(Kind::Pvc, pvcs).await?;
         if let Some((kind, object)) = deferred {
             self.delete_one(kind, &object).await?;
         }
         Ok(deleted)
+    }
+
+    /// Deletes the objects `names` of one kind, [`DELETES_IN_FLIGHT`] at a
+    /// time; the first failure is the answer.
+    async fn delete_all(&self, kind: Kind, names: Vec<String>) -> Result<(), BackendError> {
+        futures::stream::iter(names)
+            .map(|object| async move { self.delete_one(kind, &object).await })
+            .buffer_unordered(DELETES_IN_FLIGHT)
+            .try_collect()
+            .await
     }
 
     /// Deletes one object of a pool (claims in the foreground); a missing
