@@ -324,7 +324,7 @@ async fn local_copies_stay_within_their_budget_and_dropped_ones_are_fetched_agai
     }
 
     // Restarted with a smaller budget, the service accounts for what is on
-    // disk: the next copy it makes leaves one.
+    // disk and trims it at once; the next copy it makes leaves one.
     let mut server = server;
     server.stop().await;
     let server = TestServer::start_in(&server.data_dir.clone(), |c| {
@@ -333,6 +333,11 @@ async fn local_copies_stay_within_their_budget_and_dropped_ones_are_fetched_agai
     })
     .await
     .owning(server.into_dir());
+    let (bytes, count) = local_copies(&server.data_dir);
+    assert!(
+        bytes <= 400_000,
+        "{bytes} bytes in {count} copies after the start"
+    );
     let (name, rev) = &revisions[0];
     assert!(!local_blob(&server.data_dir, &rev.bundle_digest).exists());
     let resp = download(&Caller::user(&server, "alice"), name, &rev.revision).await;
