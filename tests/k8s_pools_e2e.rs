@@ -621,6 +621,15 @@ async fn racing_creates_from_two_services_make_one_pool() {
     .await;
 }
 
+/// An owner-scope key file in `dir` (`--owner-scope-secret-file`), as the
+/// Secret of deploy/overlays/ha gives every replica.
+fn owner_scope_key(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let key = dir.join("owner-scope");
+    let bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(71) ^ 0x5a).collect();
+    std::fs::write(&key, format!("hex:{}", hex::encode(bytes)))?;
+    Ok(key)
+}
+
 /// Two replicas sharing the owner-scope key (`--owner-scope-secret-file`,
 /// as deploy/overlays/ha runs them) answer alike: while one creates a pool,
 /// the other reports it `provisioning` (or `ready` once all of it runs),
@@ -631,9 +640,7 @@ async fn racing_creates_from_two_services_make_one_pool() {
 async fn replicas_sharing_the_owner_scope_key_agree_on_a_pool_while_it_is_created() {
     with_env("e2e-twins", |env| async move {
         let keys = tempfile::tempdir()?;
-        let key = keys.path().join("owner-scope");
-        let bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(71) ^ 0x5a).collect();
-        std::fs::write(&key, format!("hex:{}", hex::encode(bytes)))?;
+        let key = owner_scope_key(keys.path())?;
         let shared = |c: &mut context_service::config::ServeConfig| {
             c.owner_scope_secret_file = Some(key.clone());
         };
@@ -727,9 +734,7 @@ async fn replicas_sharing_the_owner_scope_key_agree_on_a_pool_while_it_is_create
 async fn a_second_replica_removes_a_pool_whose_creator_died_half_way() {
     with_namespace("e2e-halfdead", |kube, ns| async move {
         let keys = tempfile::tempdir()?;
-        let key = keys.path().join("owner-scope");
-        let bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(53) ^ 0x3c).collect();
-        std::fs::write(&key, format!("hex:{}", hex::encode(bytes)))?;
+        let key = owner_scope_key(keys.path())?;
         let window = Duration::from_secs(8);
         let settings = move |c: &mut context_service::config::ServeConfig| {
             c.owner_scope_secret_file = Some(key.clone());

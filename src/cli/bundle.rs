@@ -61,12 +61,9 @@ pub fn run(cmd: BundleCommand, output: OutputFormat) -> ExitCode {
     let result = match cmd {
         BundleCommand::Inspect {
             path,
-            bundle_digest: true,
+            bundle_digest,
             gzip_level,
-        } => inspect(&path, &limits, gzip_level).map(Printed::Report),
-        BundleCommand::Inspect { path, .. } => {
-            inspect_only(&path, &limits).map(Printed::Inspection)
-        }
+        } => inspect(&path, &limits, bundle_digest.then_some(gzip_level)),
         BundleCommand::Pack {
             dir,
             file,
@@ -102,33 +99,33 @@ enum Printed {
     Inspection(Inspection),
 }
 
-/// The inspection alone: inflate, parse and hash a file, no bundle made
-/// (a directory is packed as usual: its tar is made either way).
-fn inspect_only(path: &Path, limits: &Limits) -> Result<Inspection, BundleError> {
+/// Inspects a bundle file or a directory; with `bundle_level` (from
+/// `--bundle-digest`) also makes the bundle the service would store, at
+/// that gzip level. Without it a file is only inflated, checked and hashed
+/// (a directory is packed either way: its tar is made to be hashed).
+fn inspect(
+    path: &Path,
+    limits: &Limits,
+    bundle_level: Option<u32>,
+) -> Result<Printed, BundleError> {
     let io_err = |source: io::Error| BundleError::Io {
         source,
         entry: None,
     };
+    let opts = options(bundle_level.unwrap_or(CanonicalOptions::default().gzip_level));
     if path.metadata().map_err(io_err)?.is_dir() {
-        let opts = options(CanonicalOptions::default().gzip_level);
-        return bundle::pack_dir(path, limits, &opts, io::sink()).map(|r| r.inspection);
+        let report = bundle::pack_dir(path, limits, &opts, io::sink())?;
+        return Ok(match bundle_level {
+            Some(_) => Printed::Report(report),
+            None => Printed::Inspection(report.inspection),
+        });
     }
     // No BufReader: the inspector buffers its input itself.
-    bundle::inspect(File::open(path).map_err(io_err)?, limits)
-}
-
-fn inspect(path: &Path, limits: &Limits, gzip_level: u32) -> Result<Report, BundleError> {
-    let io_err = |source: io::Error| BundleError::Io {
-        source,
-        entry: None,
-    };
-    let opts = options(gzip_level);
-    if path.metadata().map_err(io_err)?.is_dir() {
-        return bundle::pack_dir(path, limits, &opts, io::sink());
-    }
     let file = File::open(path).map_err(io_err)?;
-    // No BufReader: the inspector buffers its input itself.
-    bundle::canonicalize(file, limits, &opts, io::sink())
+    Ok(match bundle_level {
+        Some(_) => Printed::Report(bundle::canonicalize(file, limits, &opts, io::sink())?),
+        None => Printed::Inspection(bundle::inspect(file, limits)?),
+    })
 }
 
 fn pack(dir: &Path, out: &Path, limits: &Limits, gzip_level: u32) -> Result<Report, BundleError> {

@@ -97,14 +97,10 @@ impl BlobStore {
 
     /// Marks the blob `digest` as just used, so the budget keeps it longer.
     pub fn touch(&self, digest: &str) {
+        // Every copy is on record: opening scanned the disk, and persist and
+        // remove keep the record.
         if let Some(copies) = &self.copies {
-            if !copies.touch(digest) {
-                // On disk but not on record (e.g. written by an older
-                // version while running): account for it now.
-                if let Some(meta) = self.path(digest).ok().and_then(|p| fs::metadata(p).ok()) {
-                    copies.add(digest, meta.len());
-                }
-            }
+            copies.touch(digest);
         }
     }
 

@@ -397,21 +397,21 @@ impl RunStore for RedbStore {
                 .map_err(db_err)?
                 .map(|v| decode(&key, v.value()))
                 .transpose()?;
-            match current {
-                None => None,
-                Some(mut c) => {
-                    c.sandboxes.retain(|s| !sandboxes.contains(&s.sandbox));
-                    if c.sandboxes.is_empty() {
-                        table.remove(key.as_str()).map_err(db_err)?;
-                        None
-                    } else {
-                        table
-                            .insert(key.as_str(), encode(&c)?.as_slice())
-                            .map_err(db_err)?;
-                        Some(c)
-                    }
+            let Some(current) = current else {
+                return Ok(None);
+            };
+            let left = current.without(sandboxes);
+            match &left {
+                None => {
+                    table.remove(key.as_str()).map_err(db_err)?;
+                }
+                Some(rest) => {
+                    table
+                        .insert(key.as_str(), encode(rest)?.as_slice())
+                        .map_err(db_err)?;
                 }
             }
+            left
         };
         txn.commit().map_err(db_err)?;
         Ok(left)

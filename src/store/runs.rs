@@ -61,6 +61,14 @@ impl RunRecord {
         merged.sandboxes.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
         Ok(merged)
     }
+
+    /// What a store keeps when `sandboxes` are removed from this run
+    /// (every store applies this one rule): the rest, or `None` once none
+    /// is left (the run goes).
+    pub fn without(mut self, sandboxes: &[String]) -> Option<RunRecord> {
+        self.sandboxes.retain(|s| !sandboxes.contains(&s.sandbox));
+        (!self.sandboxes.is_empty()).then_some(self)
+    }
 }
 
 /// Storage of delivery runs. Every method is one transaction.

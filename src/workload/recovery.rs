@@ -58,7 +58,8 @@ impl Inner {
     }
 
     /// Drops the least recently used disk copies of object storage beyond
-    /// their budget (a no-op without object storage). Caller holds `gc`. A
+    /// their budget (a no-op without object storage). Caller holds `gc`
+    /// (or is the start-up recovery, before anything is served). A
     /// failure only leaves the disk fuller: logged, never the request's.
     pub(super) fn trim_copies(&self) {
         match self.blobs.trim() {
@@ -165,6 +166,8 @@ impl Inner {
                 report.orphan_blobs_removed += 1;
             }
         }
+        // A budget of disk copies lowered since the last run applies at once.
+        self.trim_copies();
         report.grants_purged = self.store.purge_expired_grants(now_ms())?;
         Ok(report)
     }

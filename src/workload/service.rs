@@ -208,11 +208,6 @@ impl WorkloadService {
                 }),
             };
             let report = service.inner.recover()?;
-            // A budget lowered since the last run applies at once.
-            {
-                let _gc = service.inner.lock_gc();
-                service.inner.trim_copies();
-            }
             Ok((service, report))
         })
         .await?;

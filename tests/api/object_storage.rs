@@ -13,13 +13,13 @@ use std::time::Duration;
 use object_store::{ObjectStoreExt, PutPayload};
 use serde_json::{json, Value};
 
-use crate::common::s3::{bucket, exists, key, local_blob, raw};
-use crate::common::workload_bundles::{noise, tgz};
+use crate::common::s3::{bucket, exists, fresh_prefix, key, local_blob, raw};
+use crate::common::workload_bundles::{noise, sha256, tgz};
 use crate::common::{assert_error, deliver, eventually, Caller, TestServer};
 
 /// A server with its own prefix in the bucket; returns it and the prefix.
 async fn server(bucket: &str, grace: Option<Duration>) -> (TestServer, String) {
-    let prefix = format!("svc-{:016x}", rand::random::<u64>());
+    let prefix = fresh_prefix("svc");
     let url = format!("s3://{bucket}/{prefix}");
     let server = TestServer::start_with(|c| {
         c.blob_url = Some(url);
@@ -276,7 +276,7 @@ fn local_copies(data_dir: &FsPath) -> (u64, usize) {
 #[tokio::test]
 async fn local_copies_stay_within_their_budget_and_dropped_ones_are_fetched_again() {
     let Some(bucket) = bucket() else { return };
-    let prefix = format!("budget-{:016x}", rand::random::<u64>());
+    let prefix = fresh_prefix("budget");
     let budget: u64 = 700_000;
     let adjust = |c: &mut context_service::config::ServeConfig| {
         c.blob_url = Some(format!("s3://{bucket}/{prefix}"));
@@ -314,10 +314,7 @@ async fn local_copies_stay_within_their_budget_and_dropped_ones_are_fetched_agai
             let resp = download(&alice, name, &rev.revision).await;
             assert_eq!(resp.status().as_u16(), 200, "{name} in round {round}");
             let body = resp.bytes().await.unwrap();
-            assert_eq!(
-                hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&body)),
-                rev.bundle_digest
-            );
+            assert_eq!(sha256(&body), rev.bundle_digest);
             let (bytes, _) = local_copies(&server.data_dir);
             assert!(bytes <= budget, "{bytes} bytes on disk after {name}");
         }

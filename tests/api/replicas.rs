@@ -15,13 +15,12 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 use serde_json::{json, Value};
-use sha2::{Digest as _, Sha256};
 
-use super::scale_out::share_auth;
+use super::scale_out::{json_of, share_auth};
 use crate::common::postgres::Cluster;
 use crate::common::process::Process;
 use crate::common::s3::{bucket, digests_under, fresh_prefix, local_blob, raw};
-use crate::common::workload_bundles::{noise, tgz, MEDIA};
+use crate::common::workload_bundles::{noise, sha256, tgz, MEDIA};
 use crate::common::{assert_error, deliver, eventually, Caller, TestServer};
 use context_service::config::ServeConfig;
 use context_service::store::DatabaseUrl;
@@ -33,17 +32,6 @@ fn shared_stores(db: &DatabaseUrl, blob_url: &str) -> impl Fn(&mut ServeConfig) 
         c.database_url = Some(db.clone());
         c.blob_url = Some(blob_url.clone());
     }
-}
-
-async fn json_of(resp: reqwest::Response, status: u16) -> Value {
-    let got = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    assert_eq!(got, status, "body: {text}");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
 
 #[tokio::test]
@@ -81,7 +69,7 @@ async fn what_one_replica_stores_the_other_serves_delivers_and_forgets_on_delete
     );
     let body = resp.bytes().await.unwrap();
     assert_eq!(body.len() as u64, rev.bytes);
-    assert_eq!(sha256_hex(&body), rev.bundle_digest);
+    assert_eq!(sha256(&body), rev.bundle_digest);
     assert!(local_blob(&b.data_dir, &rev.bundle_digest).exists());
 
     // And delivers it into one of its own sandboxes.

@@ -14,8 +14,10 @@ use crate::common::workload_bundles::{tgz, MEDIA};
 use crate::common::{assert_error, Caller, TestServer};
 use context_service::store::DatabaseUrl;
 
-/// Asserts `status` and returns the JSON body.
-async fn json_of(resp: reqwest::Response, status: u16) -> Value {
+/// Asserts `status` and returns the JSON body, with or without the trailing
+/// newline [`crate::common::json_of`] requires (the workload and delivery
+/// answers carry none).
+pub(crate) async fn json_of(resp: reqwest::Response, status: u16) -> Value {
     let got = resp.status().as_u16();
     let text = resp.text().await.unwrap();
     assert_eq!(got, status, "body: {text}");

@@ -14,7 +14,7 @@ use rustix::process::Signal;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::common::process::Process;
+use crate::common::process::{fresh_client, Process};
 use crate::common::workload_bundles::{noise, tgz};
 
 fn token(data_dir: &Path) -> String {
@@ -22,15 +22,6 @@ fn token(data_dir: &Path) -> String {
         .expect("the development token")
         .trim()
         .to_owned()
-}
-
-/// A client that opens a new connection for every request.
-fn fresh_client() -> reqwest::Client {
-    context_service::client::install_crypto_provider();
-    reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap()
 }
 
 /// Creates and activates workload `name` holding `bytes` of noise; returns

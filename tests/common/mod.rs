@@ -45,7 +45,7 @@ pub(crate) fn test_blob_url() -> Option<String> {
     let bucket = std::env::var("CONTEXT_SERVICE_TEST_S3_BUCKET").expect(
         "CONTEXT_SERVICE_TEST_BLOBS=s3 needs the S3 test server: eval \"$(tests/scale/seaweedfs.sh env)\"",
     );
-    Some(format!("s3://{bucket}/api-{:016x}", rand::random::<u64>()))
+    Some(format!("s3://{bucket}/{}", s3::fresh_prefix("api")))
 }
 
 /// Whether spawned services keep bundles in object storage

@@ -97,27 +97,23 @@ impl Cluster {
 
     /// A new cluster of its own (stopped on drop).
     pub(crate) fn start() -> Cluster {
-        Self::start_with(false)
+        Self::start_with(false, None)
     }
 
     /// A new cluster of its own that syncs its commits to disk, as a
     /// production server does (for benchmarks against the embedded store,
     /// which does too).
     pub(crate) fn start_durable() -> Cluster {
-        Self::start_with(true)
+        Self::start_with(true, None)
     }
 
     /// A new cluster of its own that also serves TLS with the PEM
     /// `certificate` and `key` (see [`test_certificates`]).
     pub(crate) fn start_tls(certificate: &str, key: &str) -> Cluster {
-        Self::start_full(false, Some((certificate, key)))
+        Self::start_with(false, Some((certificate, key)))
     }
 
-    fn start_with(durable: bool) -> Cluster {
-        Self::start_full(durable, None)
-    }
-
-    fn start_full(durable: bool, tls: Option<(&str, &str)>) -> Cluster {
+    fn start_with(durable: bool, tls: Option<(&str, &str)>) -> Cluster {
         let bin = server_bin_dir();
         let dir = make_dir();
         let cluster = Cluster {

@@ -76,12 +76,7 @@ impl Process {
 
     /// `GET path` with `token` on a connection of its own; the JSON body.
     pub(crate) async fn get_json(&self, path: &str, token: &str) -> Value {
-        context_service::client::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .build()
-            .expect("client");
-        let resp = client
+        let resp = fresh_client()
             .get(self.url(path))
             .bearer_auth(token)
             .send()
@@ -123,4 +118,14 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A client that opens a new connection for every request (a process that
+/// is stopped and started again answers on a new port, or not at all).
+pub(crate) fn fresh_client() -> reqwest::Client {
+    context_service::client::install_crypto_provider();
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client")
 }

@@ -146,27 +146,29 @@ impl Rbac {
 /// ServiceAccount, with the deploy's Roles bound in `ns`. Applies the RBAC
 /// first and waits until the authorizer grants all of it.
 pub(crate) async fn service_client(admin: &Client, ns: &str) -> Result<Client> {
-    let config = service_config(admin, ns).await?;
-    let builder =
-        ClientBuilder::try_from(config).context("building the ServiceAccount's client")?;
-    Ok(builder
-        .with_layer(&tower::layer::layer_fn(RecordForbidden))
-        .build())
+    client_as_service(admin, ns, None).await
 }
 
 /// [`service_client`] whose process "dies" at `die`: from then on no
 /// request gets an answer.
 pub(crate) async fn dying_service_client(admin: &Client, ns: &str, die: DieAt) -> Result<Client> {
+    client_as_service(admin, ns, Some(die)).await
+}
+
+async fn client_as_service(admin: &Client, ns: &str, die: Option<DieAt>) -> Result<Client> {
     let config = service_config(admin, ns).await?;
-    let builder =
-        ClientBuilder::try_from(config).context("building the ServiceAccount's client")?;
-    Ok(builder
-        .with_layer(&tower::layer::layer_fn(RecordForbidden))
-        .with_layer(&tower::layer::layer_fn(move |inner| Dying {
-            inner,
-            die: die.clone(),
-        }))
-        .build())
+    let builder = ClientBuilder::try_from(config)
+        .context("building the ServiceAccount's client")?
+        .with_layer(&tower::layer::layer_fn(RecordForbidden));
+    Ok(match die {
+        None => builder.build(),
+        Some(die) => builder
+            .with_layer(&tower::layer::layer_fn(move |inner| Dying {
+                inner,
+                die: die.clone(),
+            }))
+            .build(),
+    })
 }
 
 /// Where a service's API client dies, as if its process were killed there

@@ -232,7 +232,7 @@ impl KubeBackend {
     ) -> Result<Deleted, BackendError> {
         let selector = objects::managed_pool_selector(name);
         // The three lists at once: a delete is a few round trips, not six.
-        let (mut claims, mut sandboxes, mut pvcs) = tokio::try_join!(
+        let (claims, sandboxes, pvcs) = tokio::try_join!(
             async {
                 self.list_or_empty::<SandboxClaim>(&selector, None)
                     .await
@@ -249,44 +249,34 @@ impl KubeBackend {
                     .map_err(|e| BackendError::internal("list workspace PVCs", e))
             },
         )?;
-        claims.retain(|o| select(o.meta()));
-        sandboxes.retain(|o| select(o.meta()));
-        pvcs.retain(|o| select(o.meta()));
+        let (claims, sandboxes, pvcs) = (
+            picked(&claims, &select),
+            picked(&sandboxes, &select),
+            picked(&pvcs, &select),
+        );
         let deleted = Deleted {
             claims: claims.len(),
             sandboxes: sandboxes.len(),
             pvcs: pvcs.len(),
         };
+        // Kind by kind, the objects of a kind at once, `last` after all.
+        // Claims in the foreground, as upstream: the claim stays visible
+        // until its Sandbox and Pod are gone, so the pool does not look
+        // released while its sandboxes still run. Only PVCs with our pool and
+        // managed-by labels: never the caller's existing claim, which
+        // carries neither.
         let mut deferred = None;
-        let mut take = |kind: Kind, names: Vec<String>| -> Vec<String> {
-            names
+        for (kind, names) in [
+            (Kind::Claim, claims),
+            (Kind::Sandbox, sandboxes),
+            (Kind::Pvc, pvcs),
+        ] {
+            let (later, now): (Vec<String>, Vec<String>) = names
                 .into_iter()
-                .filter(|object| {
-                    let is_last = last == Some((kind, object.as_str()));
-                    if is_last {
-                        deferred = Some((kind, object.clone()));
-                    }
-                    !is_last
-                })
-                .collect()
-        };
-        let claims = take(
-            Kind::Claim,
-            claims.iter().map(ResourceExt::name_any).collect(),
-        );
-        let sandboxes = take(
-            Kind::Sandbox,
-            sandboxes.iter().map(ResourceExt::name_any).collect(),
-        );
-        let pvcs = take(Kind::Pvc, pvcs.iter().map(ResourceExt::name_any).collect());
-        // Kind by kind, the objects of a kind at once. Claims in the
-        // foreground, as upstream: the claim stays visible until its Sandbox
-        // and Pod are gone, so the pool does not look released while its
-        // sandboxes still run. Only PVCs with our pool and managed-by labels:
-        // never the caller's existing claim, which carries neither.
-        self.delete_all(Kind::Claim, claims).await?;
-        self.delete_all(Kind::Sandbox, sandboxes).await?;
-        self.delete_all(Kind::Pvc, pvcs).await?;
+                .partition(|object| last == Some((kind, object.as_str())));
+            deferred = deferred.or(later.into_iter().next().map(|object| (kind, object)));
+            self.delete_all(kind, now).await?;
+        }
         if let Some((kind, object)) = deferred {
             self.delete_one(kind, &object).await?;
         }
@@ -324,6 +314,16 @@ impl KubeBackend {
             }
         }
     }
+}
+
+/// The names of the `objects` whose metadata `select` picks.
+fn picked<K: Resource>(objects: &[K], select: &impl Fn(&ObjectMeta) -> bool) -> Vec<String> {
+    objects
+        .iter()
+        .map(Resource::meta)
+        .filter(|meta| select(meta))
+        .filter_map(|meta| meta.name.clone())
+        .collect()
 }
 
 /// How many objects of each kind a delete found.

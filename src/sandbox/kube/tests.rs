@@ -570,6 +570,12 @@ fn spec(name: &str, replicas: u32, strategy: Strategy) -> PoolSpec {
     }
 }
 
+fn warm_agents() -> Strategy {
+    Strategy::Warm {
+        pool: "agents".to_string(),
+    }
+}
+
 fn dedicated() -> Strategy {
     Strategy::Dedicated {
         size: "1Gi".to_string(),
@@ -858,9 +864,7 @@ async fn concurrent_creates_of_one_name_conflict() {
 async fn warm_create_checks_the_pool_and_makes_claims_with_a_lifecycle() {
     let fake = FakeApi::default();
     let backend = fake.backend();
-    let warm = Strategy::Warm {
-        pool: "agents".to_string(),
-    };
+    let warm = warm_agents();
     let error = backend
         .create_pool(&spec("fast", 2, warm.clone()))
         .await
@@ -1002,13 +1006,7 @@ async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool(
         .await
         .expect("existing pool");
     backend
-        .create_pool(&spec(
-            "fast",
-            1,
-            Strategy::Warm {
-                pool: "agents".to_string(),
-            },
-        ))
+        .create_pool(&spec("fast", 1, warm_agents()))
         .await
         .expect("warm pool");
     backend
@@ -1273,9 +1271,7 @@ async fn a_create_marks_its_completion_on_its_first_object_with_one_patch() {
         read_only: false,
     };
     fake.insert(NS, PVCS, plain_pvc("data", "ReadWriteMany", json!({})));
-    let warm = Strategy::Warm {
-        pool: "agents".to_string(),
-    };
+    let warm = warm_agents();
     let shared = Strategy::Shared {
         size: "1Gi".to_string(),
         storage_class: None,
@@ -1358,6 +1354,21 @@ fn half_made(fake: &FakeApi, name: &str, replicas: u32, made: u32, until: Timest
     }
 }
 
+/// Pool `name` once the caches show `members` members.
+async fn with_members(
+    backend: &KubeBackend,
+    name: &str,
+    members: usize,
+) -> crate::pool::model::PoolStatus {
+    loop {
+        let status = backend.get_pool(name).await.expect("get").expect("present");
+        if status.members.len() == members {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 fn seconds_from_now(seconds: i64) -> Timestamp {
     Timestamp::now()
         .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
@@ -1409,17 +1420,7 @@ async fn an_abandoned_create_is_deleted_once_its_window_passed_and_nothing_else(
         status.message.as_deref(),
         Some("the create stopped at 1 of 3 sandboxes: the replica making it went away; its objects are being deleted")
     );
-    let done = loop {
-        let done = backend
-            .get_pool("done")
-            .await
-            .expect("get")
-            .expect("present");
-        if done.members.len() == 1 {
-            break done;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let done = with_members(&backend, "done", 1).await;
     assert_eq!(done.reason.as_deref(), Some("SandboxMissing"), "{done:?}");
 
     let before = fake.requests().len();
@@ -1521,17 +1522,7 @@ async fn a_create_within_its_window_is_kept_and_the_reaper_wakes_at_its_end() {
         .await
         .expect("created");
     fake.remove(SANDBOXES, "sandbox-fresh-1");
-    let status = loop {
-        let status = backend
-            .get_pool("fresh")
-            .await
-            .expect("get")
-            .expect("present");
-        if status.members.len() == 1 {
-            break status;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let status = with_members(&backend, "fresh", 1).await;
     assert_eq!(status.phase, PoolPhase::Provisioning, "{status:?}");
 }
 
@@ -1588,9 +1579,7 @@ async fn a_create_that_loses_its_mark_to_a_reaper_rolls_back() {
     fake.insert(NS, WARM_POOLS, warm_pool("agents"));
     fake.fail(Method::PATCH, CLAIMS, "claim-slow-0", 422);
     let backend = fake.backend();
-    let warm = Strategy::Warm {
-        pool: "agents".to_string(),
-    };
+    let warm = warm_agents();
     let error = backend
         .create_pool(&spec("slow", 2, warm))
         .await
@@ -1816,9 +1805,7 @@ async fn a_failed_claim_deletes_the_claims_made_before_it() {
     fake.insert(NS, WARM_POOLS, warm_pool("agents"));
     fake.fail(Method::POST, CLAIMS, "claim-fast-2", 503);
     let backend = fake.backend();
-    let warm = Strategy::Warm {
-        pool: "agents".to_string(),
-    };
+    let warm = warm_agents();
     let error = backend
         .create_pool(&spec("fast", 3, warm))
         .await

@@ -107,29 +107,25 @@ impl RunStore for PostgresStore {
             let Some(row) = row else {
                 return Ok(None);
             };
-            let mut current: RunRecord = decode(&key, col(&row, 0)?)?;
-            current
-                .sandboxes
-                .retain(|s| !sandboxes.contains(&s.sandbox));
-            let left = if current.sandboxes.is_empty() {
-                tx.execute(
-                    "DELETE FROM cs_delivery_runs
-                     WHERE owner = $1 AND workload = $2 AND run_id = $3",
-                    &[&owner, &workload, &run_id],
-                )
-                .await
-                .map_err(pg_err)?;
-                None
-            } else {
-                let body = encode(&current)?;
-                tx.execute(
-                    "UPDATE cs_delivery_runs SET record = $4
-                     WHERE owner = $1 AND workload = $2 AND run_id = $3",
-                    &[&owner, &workload, &run_id, &body],
-                )
-                .await
-                .map_err(pg_err)?;
-                Some(current)
+            let current: RunRecord = decode(&key, col(&row, 0)?)?;
+            let left = current.without(sandboxes);
+            match &left {
+                None => tx
+                    .execute(
+                        "DELETE FROM cs_delivery_runs
+                         WHERE owner = $1 AND workload = $2 AND run_id = $3",
+                        &[&owner, &workload, &run_id],
+                    )
+                    .await
+                    .map_err(pg_err)?,
+                Some(rest) => tx
+                    .execute(
+                        "UPDATE cs_delivery_runs SET record = $4
+                         WHERE owner = $1 AND workload = $2 AND run_id = $3",
+                        &[&owner, &workload, &run_id, &encode(rest)?],
+                    )
+                    .await
+                    .map_err(pg_err)?,
             };
             tx.commit().await.map_err(pg_err)?;
             Ok(left)

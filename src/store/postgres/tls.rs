@@ -60,16 +60,13 @@ pub(super) fn parse(url: &str) -> Result<Connection, String> {
     let mut root_cert: Option<String> = None;
     let mut rest = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let decoded = || -> String {
-            url::form_urlencoded::parse(format!("v={value}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .unwrap_or_default()
-        };
-        match key {
-            "sslmode" => mode = Some(decoded()),
-            "sslrootcert" => root_cert = Some(decoded()),
+        // The raw pair goes on to tokio-postgres as given; ours are decoded.
+        let (key, value) = url::form_urlencoded::parse(pair.as_bytes())
+            .next()
+            .unwrap_or_default();
+        match key.as_ref() {
+            "sslmode" => mode = Some(value.into_owned()),
+            "sslrootcert" => root_cert = Some(value.into_owned()),
             _ => rest.push(pair),
         }
     }

@@ -162,7 +162,8 @@ fn pool_annotations(pool: &PoolMeta<'_>, kind: Kind, object: &str) -> BTreeMap<S
             names::CREATING_UNTIL_ANNOTATION.to_owned(),
             until.to_string(),
         );
-        if anchor(pool.name, pool.strategy) == (kind, object.to_owned()) {
+        let (anchor_kind, anchor_name) = anchor(pool.name, pool.strategy);
+        if anchor_kind == kind && anchor_name == object {
             annotations.insert(
                 names::CREATED_ANNOTATION.to_owned(),
                 names::CREATED_PENDING.to_owned(),

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use k8s_openapi::jiff::Timestamp;
@@ -60,6 +61,15 @@ impl PoolObjects {
     /// No claim, Sandbox or PVC carries the pool label: there is no pool.
     pub fn is_empty(&self) -> bool {
         self.claims.is_empty() && self.sandboxes.is_empty() && self.pvcs.is_empty()
+    }
+
+    /// The kind and metadata of every labelled object: claims, Sandboxes,
+    /// then PVCs.
+    fn metadata(&self) -> impl Iterator<Item = (Kind, &ObjectMeta)> {
+        let claims = self.claims.iter().map(|c| (Kind::Claim, &c.metadata));
+        let sandboxes = self.sandboxes.iter().map(|s| (Kind::Sandbox, &s.metadata));
+        let pvcs = self.pvcs.iter().map(|p| (Kind::Pvc, &p.metadata));
+        claims.chain(sandboxes).chain(pvcs)
     }
 }
 
@@ -125,29 +135,20 @@ pub struct CreateMark {
 /// it; `None` for pools of older versions and for a pool whose anchor was
 /// deleted since.
 pub fn create_mark(objects: &PoolObjects) -> Option<CreateMark> {
-    let claims = objects.claims.iter().map(|c| (Kind::Claim, &c.metadata));
-    let sandboxes = objects
-        .sandboxes
-        .iter()
-        .map(|s| (Kind::Sandbox, &s.metadata));
-    let pvcs = objects.pvcs.iter().map(|p| (Kind::Pvc, &p.metadata));
-    claims
-        .chain(sandboxes)
-        .chain(pvcs)
-        .find_map(|(kind, meta)| {
-            let annotations = meta.annotations.as_ref()?;
-            let state = match annotations.get(names::CREATED_ANNOTATION)?.as_str() {
-                names::CREATED_PENDING => MarkState::Pending,
-                names::CREATED_ABANDONED => MarkState::Abandoned,
-                _ => MarkState::Done,
-            };
-            Some(CreateMark {
-                kind,
-                name: meta.name.clone().unwrap_or_default(),
-                state,
-                until: window_end(annotations),
-            })
+    objects.metadata().find_map(|(kind, meta)| {
+        let annotations = meta.annotations.as_ref()?;
+        let state = match annotations.get(names::CREATED_ANNOTATION)?.as_str() {
+            names::CREATED_PENDING => MarkState::Pending,
+            names::CREATED_ABANDONED => MarkState::Abandoned,
+            _ => MarkState::Done,
+        };
+        Some(CreateMark {
+            kind,
+            name: meta.name.clone().unwrap_or_default(),
+            state,
+            until: window_end(annotations),
         })
+    })
 }
 
 /// The mark of a create that was abandoned at `now`: still pending after
@@ -358,13 +359,9 @@ pub fn is_suspended(sandbox: &Sandbox) -> bool {
 /// The latest end of a create recorded on the pool's objects
 /// ([`names::CREATING_UNTIL_ANNOTATION`]), if any.
 pub fn creating_until(objects: &PoolObjects) -> Option<Timestamp> {
-    let claims = objects.claims.iter().map(|c| c.annotations());
-    let sandboxes = objects.sandboxes.iter().map(|s| s.annotations());
-    let pvcs = objects.pvcs.iter().map(|p| p.annotations());
-    claims
-        .chain(sandboxes)
-        .chain(pvcs)
-        .filter_map(window_end)
+    objects
+        .metadata()
+        .filter_map(|(_, meta)| window_end(meta.annotations.as_ref()?))
         .max()
 }
 
