@@ -32,7 +32,9 @@ pub const CREATING_UNTIL_ANNOTATION: &str = "context.rossoctl.io/creating-until"
 
 /// Annotation on the *first* object a create makes (its anchor): whether
 /// that create finished. [`CREATED_PENDING`] from the start; the creator
-/// sets [`CREATED_DONE`] with one patch once every object exists, and a
+/// sets the time it finished (RFC 3339, UTC) with one patch once every
+/// object exists (any value but pending or abandoned reads as done;
+/// earlier versions wrote [`CREATED_DONE`]), and a
 /// reaper that finds it still pending after [`CREATING_UNTIL_ANNOTATION`]
 /// claims it with [`CREATED_ABANDONED`] before deleting what the create made.
 /// Both changes are compare-and-swap on `pending`, so exactly one wins.
@@ -40,7 +42,8 @@ pub const CREATING_UNTIL_ANNOTATION: &str = "context.rossoctl.io/creating-until"
 pub const CREATED_ANNOTATION: &str = "context.rossoctl.io/created";
 /// [`CREATED_ANNOTATION`] while the create runs.
 pub const CREATED_PENDING: &str = "false";
-/// [`CREATED_ANNOTATION`] once the create made every object.
+/// [`CREATED_ANNOTATION`] once the create made every object, as earlier
+/// versions wrote it (no time).
 pub const CREATED_DONE: &str = "true";
 /// [`CREATED_ANNOTATION`] of a create whose replica died half-way, being
 /// deleted.

@@ -34,7 +34,7 @@ const CLOCK_STEP: Duration = Duration::from_millis(5);
 
 /// Deletes of one kind of a pool's objects in flight at once: a pool of 50
 /// is removed in a few round trips, and the API server is not flooded.
-const DELETES_IN_FLIGHT: usize = 16;
+pub(super) const DELETES_IN_FLIGHT: usize = 16;
 
 /// Why a [`KubeBackend`] cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -428,9 +428,7 @@ impl SandboxBackend for KubeBackend {
             }
             // The end of a create recorded by another replica comes with no
             // watch event: look again then.
-            let pending = status::create_pending(&objects, Timestamp::now());
-            let wake = status::creating_until(&objects)
-                .filter(|_| pending)
+            let wake = status::pending_until(&objects, Timestamp::now())
                 .and_then(|until| Duration::try_from(until.duration_since(Timestamp::now())).ok())
                 .map(|left| (tokio::time::Instant::now() + left + CLOCK_STEP).min(deadline))
                 .unwrap_or(deadline);

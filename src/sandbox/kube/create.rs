@@ -1,9 +1,15 @@
 //! Pool creation: a conflict check, then the strategy's PVCs, Sandboxes or
-//! SandboxClaims; a failure half-way deletes what this call made. The
-//! answer comes from the watch caches once they saw the new objects.
+//! SandboxClaims, [`CREATES_IN_FLIGHT`] at once after the first object (the
+//! anchor, which carries the completion mark); a failure half-way deletes
+//! what this call made. The answer comes from the watch caches once they
+//! saw the new objects.
 
+use std::future::Future;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams};
@@ -13,12 +19,17 @@ use crate::pool::model::{PoolSpec, PoolStatus, Strategy};
 use crate::pool::{names, BackendError};
 
 use super::backend::{
-    background, create_error, delete_ignoring_missing, is_not_found, KubeBackend,
+    background, create_error, delete_ignoring_missing, is_not_found, KubeBackend, DELETES_IN_FLIGHT,
 };
 use super::crd::{Sandbox, SandboxClaim, SandboxWarmPool};
 use super::objects::{self, PoolMeta, StrategyKind, WorkspaceRecord, WorkspaceVolume};
 use super::status::{self, PoolObjects};
 use super::watch::{Created, Kind};
+
+/// Objects of one pool created at once. A pool of 50 then takes a few round
+/// trips instead of 50 to 150 in a row, and the API server sees a bounded
+/// burst (the `kube` client itself has no client-side rate limit).
+pub(super) const CREATES_IN_FLIGHT: usize = 16;
 
 impl KubeBackend {
     /// Creates every object of `spec`, then marks the create complete on
@@ -32,16 +43,17 @@ impl KubeBackend {
         let Some(_creating) = self.creating.begin(&spec.name) else {
             return Err(BackendError::AlreadyExists);
         };
-        let mut created = Created::default();
-        let made = match self.create_objects(spec, &mut created).await {
+        let created = Created::default();
+        let made = match self.create_objects(spec, &created).await {
             Ok(made) => self.mark_created(spec).await.map(|()| made),
             Err(error) => Err(error),
         };
         match made {
             Ok(made) => self.created_status(spec, &created, made).await,
             Err(error) => {
-                if !created.objects.is_empty() {
-                    self.rollback(&spec.name, &created).await;
+                let objects = created.objects();
+                if !objects.is_empty() {
+                    self.rollback(spec, &objects).await;
                 }
                 Err(error)
             }
@@ -53,18 +65,23 @@ impl KubeBackend {
     /// namespace.
     pub(super) async fn ensure_absent(&self, name: &str) -> Result<(), BackendError> {
         let selector = objects::managed_pool_selector(name);
-        let claims = self
-            .list_or_empty::<SandboxClaim>(&selector, Some(1))
-            .await
-            .map_err(|e| BackendError::internal("list sandbox claims", e))?;
-        let sandboxes = self
-            .list_or_empty::<Sandbox>(&selector, Some(1))
-            .await
-            .map_err(|e| BackendError::internal("list sandboxes", e))?;
-        let pvcs = self
-            .list_or_empty::<PersistentVolumeClaim>(&selector, Some(1))
-            .await
-            .map_err(|e| BackendError::internal("list workspace PVCs", e))?;
+        let (claims, sandboxes, pvcs) = tokio::try_join!(
+            async {
+                self.list_or_empty::<SandboxClaim>(&selector, Some(1))
+                    .await
+                    .map_err(|e| BackendError::internal("list sandbox claims", e))
+            },
+            async {
+                self.list_or_empty::<Sandbox>(&selector, Some(1))
+                    .await
+                    .map_err(|e| BackendError::internal("list sandboxes", e))
+            },
+            async {
+                self.list_or_empty::<PersistentVolumeClaim>(&selector, Some(1))
+                    .await
+                    .map_err(|e| BackendError::internal("list workspace PVCs", e))
+            },
+        )?;
         if claims.is_empty() && sandboxes.is_empty() && pvcs.is_empty() {
             Ok(())
         } else {
@@ -73,11 +90,13 @@ impl KubeBackend {
     }
 
     /// Creates every object of `spec`, recording each in `created`; returns
-    /// them as the API answered.
+    /// them as the API answered. The anchor (the first object, see
+    /// [`objects::anchor`]) is made alone before any other, so that every
+    /// object of a create that dies half-way is found through its mark.
     pub(super) async fn create_objects(
         &self,
         spec: &PoolSpec,
-        created: &mut Created,
+        created: &Created,
     ) -> Result<PoolObjects, BackendError> {
         let window =
             SignedDuration::try_from(self.settings.create_window).unwrap_or(SignedDuration::MAX);
@@ -97,8 +116,12 @@ impl KubeBackend {
                     claim_name,
                     read_only: *read_only,
                 };
-                self.create_sandboxes(&meta, |_| volume, &record, None, created)
-                    .await
+                let make = |i| self.create_sandbox(&meta, i, volume, &record, created);
+                let sandboxes = anchor_first(meta.replicas, make).await?;
+                Ok(PoolObjects {
+                    sandboxes,
+                    ..PoolObjects::default()
+                })
             }
             Strategy::Shared {
                 size,
@@ -111,16 +134,18 @@ impl KubeBackend {
                     storage_class: storage_class.clone(),
                 };
                 let pvc_name = names::shared_workspace(&spec.name);
-                let pvcs = vec![self.create_pvc(&meta, &pvc_name, &record, created).await?];
+                let pvc = self.create_pvc(&meta, &pvc_name, &record, created).await?;
                 let volume = WorkspaceVolume {
                     claim_name: &pvc_name,
                     read_only: false,
                 };
-                let mut made = self
-                    .create_sandboxes(&meta, |_| volume, &record, None, created)
-                    .await?;
-                made.pvcs = pvcs;
-                Ok(made)
+                let make = |i| self.create_sandbox(&meta, i, volume, &record, created);
+                let sandboxes = each_member(0..meta.replicas, make).await?;
+                Ok(PoolObjects {
+                    sandboxes,
+                    pvcs: vec![pvc],
+                    ..PoolObjects::default()
+                })
             }
             Strategy::Dedicated {
                 size,
@@ -132,25 +157,38 @@ impl KubeBackend {
                     access_mode: "ReadWriteOnce".to_string(),
                     storage_class: storage_class.clone(),
                 };
-                let names: Vec<String> = (0..spec.replicas)
-                    .map(|i| names::dedicated_workspace(&spec.name, i))
-                    .collect();
-                // PVCs first, so no sandbox pod ever waits on a missing
-                // volume; each gets its Sandbox as owner right after that
-                // Sandbox exists.
-                let mut pvcs = Vec::with_capacity(names.len());
-                for pvc_name in &names {
-                    pvcs.push(self.create_pvc(&meta, pvc_name, &record, created).await?);
-                }
-                let volume = |i: u32| WorkspaceVolume {
-                    claim_name: names[i as usize].as_str(),
-                    read_only: false,
+                // Each replica: its PVC, then its Sandbox (so no sandbox pod
+                // waits on a missing volume), then the Sandbox as the PVC's
+                // owner. PVC 0 is the anchor: made before the rest start.
+                let anchor = names::dedicated_workspace(&spec.name, 0);
+                self.create_pvc(&meta, &anchor, &record, created).await?;
+                let replica = |i: u32| {
+                    let (meta, record) = (&meta, &record);
+                    async move {
+                        let name = names::dedicated_workspace(meta.name, i);
+                        if i > 0 {
+                            self.create_pvc(meta, &name, record, created).await?;
+                        }
+                        let volume = WorkspaceVolume {
+                            claim_name: &name,
+                            read_only: false,
+                        };
+                        let sandbox = self
+                            .create_sandbox(meta, i, volume, record, created)
+                            .await?;
+                        let pvc = self.set_pvc_owner(&name, &sandbox, i).await?;
+                        Ok((sandbox, Arc::new(pvc)))
+                    }
                 };
-                let mut made = self
-                    .create_sandboxes(&meta, volume, &record, Some(&mut pvcs), created)
-                    .await?;
-                made.pvcs = pvcs;
-                Ok(made)
+                let (sandboxes, pvcs) = each_member(0..meta.replicas, replica)
+                    .await?
+                    .into_iter()
+                    .unzip();
+                Ok(PoolObjects {
+                    sandboxes,
+                    pvcs,
+                    ..PoolObjects::default()
+                })
             }
         }
     }
@@ -162,7 +200,8 @@ impl KubeBackend {
     async fn mark_created(&self, spec: &PoolSpec) -> Result<(), BackendError> {
         let (kind, anchor) = objects::anchor(&spec.name, StrategyKind::of(&spec.strategy));
         let context = format!("mark the create of sandbox pool {} complete", spec.name);
-        match self.swap_mark(kind, &anchor, names::CREATED_DONE).await {
+        let done = Timestamp::now().to_string();
+        match self.swap_mark(kind, &anchor, &done).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(BackendError::internal(
                 context,
@@ -212,7 +251,7 @@ impl KubeBackend {
         meta: &PoolMeta<'_>,
         name: &str,
         record: &WorkspaceRecord,
-        created: &mut Created,
+        created: &Created,
     ) -> Result<Arc<PersistentVolumeClaim>, BackendError> {
         let pvc = objects::workspace_pvc(
             &self.settings,
@@ -231,40 +270,23 @@ impl KubeBackend {
         Ok(Arc::new(made))
     }
 
-    /// Creates Sandboxes `0..replicas` mounting `volume(i)`. With
-    /// `owned_pvcs` (dedicated), PVC `i` gets Sandbox `i` as owner.
-    pub(super) async fn create_sandboxes<'v>(
+    /// Creates Sandbox `index` of the pool mounting `volume`.
+    pub(super) async fn create_sandbox(
         &self,
         meta: &PoolMeta<'_>,
-        volume: impl Fn(u32) -> WorkspaceVolume<'v>,
+        index: u32,
+        volume: WorkspaceVolume<'_>,
         record: &WorkspaceRecord,
-        mut owned_pvcs: Option<&mut Vec<Arc<PersistentVolumeClaim>>>,
-        created: &mut Created,
-    ) -> Result<PoolObjects, BackendError> {
-        let api = self.api::<Sandbox>();
-        let mut sandboxes = Vec::with_capacity(meta.replicas as usize);
-        for i in 0..meta.replicas {
-            let sandbox = objects::sandbox(&self.settings, meta, i, volume(i), record);
-            let made = api
-                .create(&self.post_params(), &sandbox)
-                .await
-                .map_err(|e| create_error(e, format!("create sandbox {i}")))?;
-            created.push(Kind::Sandbox, made.name_any());
-            if let Some(pvcs) = owned_pvcs.as_deref_mut() {
-                let slot = pvcs.get_mut(i as usize).ok_or_else(|| {
-                    BackendError::internal(
-                        format!("own workspace PVC {i}"),
-                        "no PVC for this sandbox",
-                    )
-                })?;
-                *slot = Arc::new(self.set_pvc_owner(&slot.name_any(), &made, i).await?);
-            }
-            sandboxes.push(Arc::new(made));
-        }
-        Ok(PoolObjects {
-            sandboxes,
-            ..PoolObjects::default()
-        })
+        created: &Created,
+    ) -> Result<Arc<Sandbox>, BackendError> {
+        let sandbox = objects::sandbox(&self.settings, meta, index, volume, record);
+        let made = self
+            .api::<Sandbox>()
+            .create(&self.post_params(), &sandbox)
+            .await
+            .map_err(|e| create_error(e, format!("create sandbox {index}")))?;
+        created.push(Kind::Sandbox, made.name_any());
+        Ok(Arc::new(made))
     }
 
     /// Adds `owner` to the PVC `name` by server-side apply, so the garbage
@@ -295,7 +317,7 @@ impl KubeBackend {
         &self,
         meta: &PoolMeta<'_>,
         warm_pool: &str,
-        created: &mut Created,
+        created: &Created,
     ) -> Result<PoolObjects, BackendError> {
         let found = match self.api::<SandboxWarmPool>().get_opt(warm_pool).await {
             Ok(found) => found,
@@ -311,48 +333,64 @@ impl KubeBackend {
         self.ensure_absent(meta.name).await?;
         let api = self.api::<SandboxClaim>();
         let now = Timestamp::now();
-        let mut claims = Vec::with_capacity(meta.replicas as usize);
-        for i in 0..meta.replicas {
-            let claim = objects::sandbox_claim(&self.settings, meta, i, warm_pool, now);
-            let made = api
-                .create(&self.post_params(), &claim)
-                .await
-                .map_err(|e| create_error(e, format!("create sandbox claim {i}")))?;
-            created.push(Kind::Claim, made.name_any());
-            claims.push(Arc::new(made));
-        }
+        let make = |i: u32| {
+            let api = &api;
+            async move {
+                let claim = objects::sandbox_claim(&self.settings, meta, i, warm_pool, now);
+                let made = api
+                    .create(&self.post_params(), &claim)
+                    .await
+                    .map_err(|e| create_error(e, format!("create sandbox claim {i}")))?;
+                created.push(Kind::Claim, made.name_any());
+                Ok(Arc::new(made))
+            }
+        };
         Ok(PoolObjects {
-            claims,
+            claims: anchor_first(meta.replicas, make).await?,
             ..PoolObjects::default()
         })
     }
 
-    /// Deletes what a failed create made, newest first. Best effort: a
-    /// failure is logged and the rest still goes (the pool label lets a
-    /// later delete finish the job).
-    pub(super) async fn rollback(&self, pool: &str, created: &Created) {
-        for (kind, name) in created.objects.iter().rev() {
-            let result = match kind {
-                Kind::Claim => {
-                    delete_ignoring_missing(&self.api::<SandboxClaim>(), name, &background()).await
-                }
-                Kind::Sandbox => {
-                    delete_ignoring_missing(&self.api::<Sandbox>(), name, &background()).await
-                }
-                Kind::Pvc => {
-                    delete_ignoring_missing(
-                        &self.api::<PersistentVolumeClaim>(),
-                        name,
-                        &background(),
-                    )
-                    .await
-                }
-            };
-            if let Err(error) = result {
-                tracing::warn!(%pool, ?kind, %name, %error, "rollback: delete failed");
-            }
+    /// Deletes what a failed create made: claims, then Sandboxes, then
+    /// PVCs, each kind [`DELETES_IN_FLIGHT`] at a time, the anchor last (a
+    /// rollback cut short by the process dying leaves the pending mark, so a
+    /// reaper finishes it). Best effort: a failure is logged and the rest
+    /// still goes (the pool label lets a later delete finish the job).
+    pub(super) async fn rollback(&self, spec: &PoolSpec, made: &[(Kind, String)]) {
+        let pool = &spec.name;
+        let anchor = objects::anchor(pool, StrategyKind::of(&spec.strategy));
+        for kind in [Kind::Claim, Kind::Sandbox, Kind::Pvc] {
+            let names = made
+                .iter()
+                .filter(|object| object.0 == kind && **object != anchor)
+                .map(|(_, name)| name.as_str());
+            futures::stream::iter(names)
+                .for_each_concurrent(DELETES_IN_FLIGHT, |name| self.undo(pool, kind, name))
+                .await;
         }
-        tracing::info!(%pool, objects = created.objects.len(), "rolled back a failed pool create");
+        if made.contains(&anchor) {
+            self.undo(pool, anchor.0, &anchor.1).await;
+        }
+        tracing::info!(%pool, objects = made.len(), "rolled back a failed pool create");
+    }
+
+    /// Deletes one object a failed create made, logging a failure.
+    async fn undo(&self, pool: &str, kind: Kind, name: &str) {
+        let result = match kind {
+            Kind::Claim => {
+                delete_ignoring_missing(&self.api::<SandboxClaim>(), name, &background()).await
+            }
+            Kind::Sandbox => {
+                delete_ignoring_missing(&self.api::<Sandbox>(), name, &background()).await
+            }
+            Kind::Pvc => {
+                delete_ignoring_missing(&self.api::<PersistentVolumeClaim>(), name, &background())
+                    .await
+            }
+        };
+        if let Err(error) = result {
+            tracing::warn!(%pool, ?kind, %name, %error, "rollback: delete failed");
+        }
     }
 
     /// The status right after a create: from the caches once they saw every
@@ -394,6 +432,68 @@ impl KubeBackend {
                 "no objects after create",
             )
         })
+    }
+}
+
+/// Makes member 0 (the anchor) alone, then members `1..replicas` as
+/// [`each_member`] does; answers all of them in index order.
+async fn anchor_first<T, F, Fut>(replicas: u32, make: F) -> Result<Vec<T>, BackendError>
+where
+    F: Fn(u32) -> Fut,
+    Fut: Future<Output = Result<T, BackendError>>,
+{
+    if replicas == 0 {
+        return Ok(Vec::new());
+    }
+    let first = make(0).await?;
+    let mut all = Vec::with_capacity(replicas as usize);
+    all.push(first);
+    all.extend(each_member(1..replicas, make).await?);
+    Ok(all)
+}
+
+/// Runs `make(i)` for every member `i` of `members`, [`CREATES_IN_FLIGHT`]
+/// at once, and answers the results in index order. After a failure no
+/// further member starts, but those in flight run to their end: dropping a
+/// request the API may already have carried out would leave an object the
+/// rollback does not know of. The answer is then the failure of the lowest
+/// index.
+async fn each_member<T, F, Fut>(members: Range<u32>, make: F) -> Result<Vec<T>, BackendError>
+where
+    F: Fn(u32) -> Fut,
+    Fut: Future<Output = Result<T, BackendError>>,
+{
+    let failed = AtomicBool::new(false);
+    let (failed, make) = (&failed, &make);
+    let mut done: Vec<(u32, Option<Result<T, BackendError>>)> = futures::stream::iter(members)
+        .map(|i| async move {
+            if failed.load(Ordering::Acquire) {
+                return (i, None);
+            }
+            let result = make(i).await;
+            if result.is_err() {
+                failed.store(true, Ordering::Release);
+            }
+            (i, Some(result))
+        })
+        .buffer_unordered(CREATES_IN_FLIGHT)
+        .collect()
+        .await;
+    done.sort_unstable_by_key(|(i, _)| *i);
+    let mut made = Vec::with_capacity(done.len());
+    let mut first_failure = None;
+    for (_, result) in done {
+        match result {
+            Some(Ok(value)) => made.push(value),
+            Some(Err(error)) => {
+                first_failure.get_or_insert(error);
+            }
+            None => {}
+        }
+    }
+    match first_failure {
+        Some(error) => Err(error),
+        None => Ok(made),
     }
 }
 

@@ -106,6 +106,14 @@ struct State {
     /// Plurals whose watches answer `403` (a Role without `watch`).
     forbidden_watches: Vec<&'static str>,
     watches: Vec<WatchStream>,
+    /// Requests of this method take this long to answer.
+    latency: Option<(Method, Duration)>,
+    /// Requests of the slow method being answered now, and the most at once.
+    in_flight: usize,
+    most_in_flight: usize,
+    /// For each slow request in the order they came: how many were being
+    /// answered then, itself included.
+    in_flight_at_start: Vec<usize>,
 }
 
 /// An in-memory Kubernetes API server good enough for the backend.
@@ -123,8 +131,12 @@ impl FakeApi {
         let fake = self.clone();
         tokio::spawn(async move {
             while let Some((request, respond)) = handle.next_request().await {
-                let response = fake.handle(request).await;
-                respond.send_response(response);
+                // Each request on its own, as a real API server serves them.
+                let fake = fake.clone();
+                tokio::spawn(async move {
+                    let response = fake.handle(request).await;
+                    respond.send_response(response);
+                });
             }
         });
         Client::new(service, "default")
@@ -204,6 +216,21 @@ impl FakeApi {
         });
     }
 
+    /// Requests of `method` take `latency` to answer from now on.
+    fn slow(&self, method: Method, latency: Duration) {
+        self.state().latency = Some((method, latency));
+    }
+
+    /// The most requests of the slow method answered at once so far.
+    fn most_in_flight(&self) -> usize {
+        self.state().most_in_flight
+    }
+
+    /// For each slow request so far: how many were answered at its start.
+    fn in_flight_at_start(&self) -> Vec<usize> {
+        self.state().in_flight_at_start.clone()
+    }
+
     /// Every watch of `plural` answers `403` from now on.
     fn forbid_watches(&self, plural: &'static str) {
         self.state().forbidden_watches.push(plural);
@@ -235,6 +262,18 @@ impl FakeApi {
         } else {
             serde_json::from_slice(&bytes).expect("JSON request body")
         };
+        let latency = self.state().latency.clone();
+        if let Some((_, latency)) = latency.filter(|(method, _)| *method == parts.method) {
+            {
+                let mut state = self.state();
+                state.in_flight += 1;
+                state.most_in_flight = state.most_in_flight.max(state.in_flight);
+                let now = state.in_flight;
+                state.in_flight_at_start.push(now);
+            }
+            tokio::time::sleep(latency).await;
+            self.state().in_flight -= 1;
+        }
         let segments: Vec<&str> = parts.uri.path().split('/').collect();
         if parts.uri.path() == "/version" {
             let info = json!({"major": "1", "minor": "36", "gitVersion": "v1.36.3",
@@ -629,21 +668,44 @@ async fn dedicated_create_makes_pvcs_then_sandboxes_and_owns_each_pvc() {
         .await
         .expect("created");
 
+    let lines = fake.lines();
+    let mut sorted = lines.clone();
+    sorted.sort();
     assert_eq!(
-        fake.lines(),
+        sorted,
         [
+            "LIST persistentvolumeclaims",
             "LIST sandboxclaims",
             "LIST sandboxes",
-            "LIST persistentvolumeclaims",
+            "PATCH persistentvolumeclaims/review-workspace-0",
+            "PATCH persistentvolumeclaims/review-workspace-0",
+            "PATCH persistentvolumeclaims/review-workspace-1",
             "POST persistentvolumeclaims/review-workspace-0",
             "POST persistentvolumeclaims/review-workspace-1",
             "POST sandboxes/sandbox-review-0",
-            "PATCH persistentvolumeclaims/review-workspace-0",
             "POST sandboxes/sandbox-review-1",
-            "PATCH persistentvolumeclaims/review-workspace-1",
-            // The completion mark, on the first object the create made.
-            "PATCH persistentvolumeclaims/review-workspace-0",
         ]
+    );
+    // The conflict check, then the anchor alone, then each replica's PVC
+    // before its Sandbox before the owner patch; the completion mark on the
+    // anchor is the last request.
+    let at = |line: &str| lines.iter().position(|l| l == line).expect(line);
+    assert!(
+        lines[..3].iter().all(|l| l.starts_with("LIST")),
+        "{lines:?}"
+    );
+    assert_eq!(lines[3], "POST persistentvolumeclaims/review-workspace-0");
+    for i in 0..2 {
+        let pvc = at(&format!("POST persistentvolumeclaims/review-workspace-{i}"));
+        let sandbox = at(&format!("POST sandboxes/sandbox-review-{i}"));
+        let owner = at(&format!(
+            "PATCH persistentvolumeclaims/review-workspace-{i}"
+        ));
+        assert!(pvc < sandbox && sandbox < owner, "{lines:?}");
+    }
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("PATCH persistentvolumeclaims/review-workspace-0")
     );
     let requests = fake.requests();
     // The conflict pre-check selects managed objects of this pool only.
@@ -657,7 +719,10 @@ async fn dedicated_create_makes_pvcs_then_sandboxes_and_owns_each_pvc() {
             "{post:?}"
         );
     }
-    let apply = &requests[6];
+    let apply = requests
+        .iter()
+        .find(|r| r.method == Method::PATCH)
+        .expect("an owner patch");
     assert_eq!(
         apply.content_type.as_deref(),
         Some("application/apply-patch+yaml")
@@ -727,10 +792,7 @@ async fn shared_create_makes_one_rwx_pvc_owned_by_no_sandbox() {
         .filter(|l| l.starts_with("PATCH"))
         .collect();
     assert_eq!(patches, ["PATCH persistentvolumeclaims/team-workspace"]);
-    assert_eq!(
-        pvc["metadata"]["annotations"]["context.rossoctl.io/created"],
-        "true"
-    );
+    assert_done_mark(&pvc["metadata"]["annotations"]["context.rossoctl.io/created"]);
     assert_eq!(fake.names(SANDBOXES).len(), 3);
 }
 
@@ -745,21 +807,101 @@ async fn a_failure_on_sandbox_2_deletes_what_the_create_made() {
         .expect_err("sandbox 2 fails");
     assert_eq!(internal_context(error), "create sandbox 2");
 
+    // Sandboxes first, then PVCs, the anchor (PVC 0) last, so a rollback
+    // cut short leaves the pending mark for a reaper.
+    let deletes: Vec<String> = fake
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("DELETE"))
+        .collect();
+    let mut sandboxes = deletes[..2].to_vec();
+    sandboxes.sort();
+    assert_eq!(
+        sandboxes,
+        [
+            "DELETE sandboxes/sandbox-review-0",
+            "DELETE sandboxes/sandbox-review-1"
+        ]
+    );
+    let mut pvcs = deletes[2..4].to_vec();
+    pvcs.sort();
+    assert_eq!(
+        pvcs,
+        [
+            "DELETE persistentvolumeclaims/review-workspace-1",
+            "DELETE persistentvolumeclaims/review-workspace-2"
+        ]
+    );
+    assert_eq!(
+        deletes[4..],
+        ["DELETE persistentvolumeclaims/review-workspace-0"]
+    );
+    assert!(fake.names(SANDBOXES).is_empty());
+    assert!(fake.names(PVCS).is_empty());
+}
+
+#[tokio::test]
+async fn a_big_pool_is_made_16_objects_at_a_time_after_its_anchor_alone() {
+    let fake = FakeApi::default();
+    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
+    fake.slow(Method::POST, Duration::from_millis(20));
+    let backend = fake.backend();
+    let status = backend
+        .create_pool(&spec("big", 40, warm_agents()))
+        .await
+        .expect("created");
+    assert_eq!(status.members.len(), 40);
+    assert_eq!(fake.names(CLAIMS).len(), 40);
+    assert_eq!(fake.most_in_flight(), super::create::CREATES_IN_FLIGHT);
+    // The anchor (claim 0) was answered before any other claim was sent.
+    let starts = fake.in_flight_at_start();
+    assert_eq!(starts.len(), 40);
+    assert_eq!(starts[..2], [1, 1], "{starts:?}");
+    let posts: Vec<String> = fake
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("POST"))
+        .collect();
+    assert_eq!(posts[0], "POST sandboxclaims/claim-big-0");
+}
+
+#[tokio::test]
+async fn a_failure_among_concurrent_creates_rolls_back_also_what_was_in_flight() {
+    let fake = FakeApi::default();
+    fake.slow(Method::POST, Duration::from_millis(10));
+    fake.fail(Method::POST, SANDBOXES, "sandbox-wide-5", 500);
+    let backend = fake.backend();
+    let error = backend
+        .create_pool(&spec("wide", 20, dedicated()))
+        .await
+        .expect_err("sandbox 5 fails");
+    assert_eq!(internal_context(error), "create sandbox 5");
+    // Replicas past 5 were on their way when it failed; they finished and
+    // were deleted with the rest (every accepted POST has its DELETE).
     let lines = fake.lines();
     let failed_at = lines
         .iter()
-        .position(|l| l == "POST sandboxes/sandbox-review-2")
-        .expect("sandbox 2 attempted");
-    assert_eq!(
-        lines[failed_at + 1..],
-        [
-            "DELETE sandboxes/sandbox-review-1",
-            "DELETE sandboxes/sandbox-review-0",
-            "DELETE persistentvolumeclaims/review-workspace-2",
-            "DELETE persistentvolumeclaims/review-workspace-1",
-            "DELETE persistentvolumeclaims/review-workspace-0",
-        ]
+        .position(|l| l == "POST sandboxes/sandbox-wide-5")
+        .expect("sandbox 5 attempted");
+    assert!(
+        lines[failed_at + 1..]
+            .iter()
+            .any(|l| l.starts_with("POST") || l.starts_with("PATCH")),
+        "requests in flight finished after the failure: {lines:?}"
     );
+    let mut made: Vec<String> = lines
+        .iter()
+        .filter(|l| l.starts_with("POST") && *l != "POST sandboxes/sandbox-wide-5")
+        .map(|l| l.replacen("POST", "DELETE", 1))
+        .collect();
+    let mut deleted: Vec<String> = lines
+        .iter()
+        .filter(|l| l.starts_with("DELETE"))
+        .cloned()
+        .collect();
+    made.sort();
+    deleted.sort();
+    assert_eq!(made, deleted);
     assert!(fake.names(SANDBOXES).is_empty());
     assert!(fake.names(PVCS).is_empty());
 }
@@ -1311,11 +1453,21 @@ async fn a_create_marks_its_completion_on_its_first_object_with_one_patch() {
         );
         assert_eq!(last.body[0]["op"], "test");
         let stored = fake.object(plural, anchor);
-        assert_eq!(
-            stored["metadata"]["annotations"]["context.rossoctl.io/created"], "true",
-            "{pool}"
-        );
+        assert_done_mark(&stored["metadata"]["annotations"]["context.rossoctl.io/created"]);
     }
+}
+
+/// A completion mark as a create writes it: the time it finished, just now.
+fn assert_done_mark(mark: &Value) {
+    let at: Timestamp = mark
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("the mark is a time: {mark}"));
+    let age = Timestamp::now().duration_since(at);
+    assert!(
+        age >= k8s_openapi::jiff::SignedDuration::ZERO && age.as_secs() < 60,
+        "{mark}"
+    );
 }
 
 /// Inserts what a dedicated create of `name` with `replicas` left when
@@ -1467,15 +1619,12 @@ async fn an_abandoned_create_is_deleted_once_its_window_passed_and_nothing_else(
             "old-workspace-1"
         ]
     );
-    assert_eq!(
-        annotation(
-            &fake,
-            PVCS,
-            "done-workspace-0",
-            "context.rossoctl.io/created"
-        ),
-        "true"
-    );
+    assert_done_mark(&annotation(
+        &fake,
+        PVCS,
+        "done-workspace-0",
+        "context.rossoctl.io/created",
+    ));
 }
 
 #[tokio::test]

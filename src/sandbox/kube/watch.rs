@@ -300,7 +300,7 @@ impl Caches {
     /// Whether the caches hold every object of `created`.
     pub fn contains(&self, created: &Created) -> bool {
         let ns = &self.namespace;
-        created.objects.iter().all(|(kind, name)| match kind {
+        created.objects().iter().all(|(kind, name)| match kind {
             Kind::Claim => self.claims.get(&ObjectRef::new(name).within(ns)).is_some(),
             Kind::Sandbox => self
                 .sandboxes
@@ -322,18 +322,29 @@ pub enum Kind {
     Pvc,
 }
 
-/// The objects one create made, in creation order (rollback undoes them in
-/// reverse).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The objects one create made, in the order the API accepted them. Shared
+/// by the create's concurrent requests, hence the lock.
+#[derive(Debug, Default)]
 pub struct Created {
-    /// Kind and name of each object.
-    pub objects: Vec<(Kind, String)>,
+    objects: std::sync::Mutex<Vec<(Kind, String)>>,
 }
 
 impl Created {
     /// Records a created object.
-    pub fn push(&mut self, kind: Kind, name: impl Into<String>) {
-        self.objects.push((kind, name.into()));
+    pub fn push(&self, kind: Kind, name: impl Into<String>) {
+        self.lock().push((kind, name.into()));
+    }
+
+    /// Kind and name of each object made so far.
+    pub fn objects(&self) -> Vec<(Kind, String)> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Kind, String)>> {
+        // A plain list: consistent even if a holder panicked.
+        self.objects
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::pool::model::{Member, PoolPhase, PoolStatus, Strategy, WorkspaceView};
 use crate::pool::names;
@@ -129,6 +129,9 @@ pub struct CreateMark {
     pub state: MarkState,
     /// The end of that create's window, from the anchor.
     pub until: Option<Timestamp>,
+    /// When the create finished, if done and recorded (earlier versions
+    /// wrote no time).
+    pub done_at: Option<Timestamp>,
 }
 
 /// The completion mark of the pool's create, from the one object carrying
@@ -137,7 +140,8 @@ pub struct CreateMark {
 pub fn create_mark(objects: &PoolObjects) -> Option<CreateMark> {
     objects.metadata().find_map(|(kind, meta)| {
         let annotations = meta.annotations.as_ref()?;
-        let state = match annotations.get(names::CREATED_ANNOTATION)?.as_str() {
+        let value = annotations.get(names::CREATED_ANNOTATION)?;
+        let state = match value.as_str() {
             names::CREATED_PENDING => MarkState::Pending,
             names::CREATED_ABANDONED => MarkState::Abandoned,
             _ => MarkState::Done,
@@ -147,6 +151,7 @@ pub fn create_mark(objects: &PoolObjects) -> Option<CreateMark> {
             name: meta.name.clone().unwrap_or_default(),
             state,
             until: window_end(annotations),
+            done_at: value.parse().ok().filter(|_| state == MarkState::Done),
         })
     })
 }
@@ -373,35 +378,57 @@ pub fn window_end(annotations: &BTreeMap<String, String>) -> Option<Timestamp> {
         .ok()
 }
 
+/// How long after a create finished another replica's caches may still
+/// miss some of its members: each kind has its own watch, so the mark on
+/// the first PVC can arrive before the last Sandboxes.
+pub const CACHE_LAG: SignedDuration = SignedDuration::from_secs(5);
+
 /// Whether a create recorded on the objects may still be adding members at
-/// `now`: its window has not ended, no reaper claimed it as abandoned, and
-/// the members made so far are the first ones. Creates add members in
-/// index order, so a gap is a member deleted since, which is a failure at
-/// once.
-///
-/// A completion mark does not end the window early: each kind has its own
-/// watch, so another replica's caches may show the mark on the first PVC
-/// before the last Sandboxes, and a pool still arriving would read
-/// `failed`.
+/// `now` (so missing members are expected, not a failure): its window has
+/// not ended, no reaper claimed it as abandoned, and
+/// - its mark is pending (members arrive in any order: they are made
+///   concurrently), or
+/// - it finished less than [`CACHE_LAG`] ago (these caches may lag), or
+/// - its mark is not seen yet, and could not have been: the anchor is a PVC
+///   (dedicated and shared pools) and no PVC of the pool is cached yet.
+///   A warm or existing pool's anchor is its first member, made before the
+///   others and watched with them, so there a missing mark means that
+///   member was deleted, which is a failure at once.
 pub fn create_pending(objects: &PoolObjects, now: Timestamp) -> bool {
-    if creating_until(objects).is_none_or(|until| until <= now) {
-        return false;
-    }
-    if create_mark(objects).is_some_and(|mark| mark.state == MarkState::Abandoned) {
-        return false;
-    }
-    let mut indices: Vec<u64> = if objects.claims.is_empty() {
-        let names = objects.sandboxes.iter().map(|s| s.name_any());
-        names.map(|name| index_key(&name).0).collect()
-    } else {
-        let names = objects.claims.iter().map(|c| c.name_any());
-        names.map(|name| index_key(&name).0).collect()
+    pending_until(objects, now).is_some()
+}
+
+/// When a create found pending at `now` ([`create_pending`]) stops being
+/// so, if no watch event comes first; `None` when it is not pending.
+pub fn pending_until(objects: &PoolObjects, now: Timestamp) -> Option<Timestamp> {
+    let window_end = creating_until(objects).filter(|until| *until > now)?;
+    let until = match create_mark(objects) {
+        Some(mark) => match mark.state {
+            MarkState::Pending => window_end,
+            MarkState::Abandoned => return None,
+            MarkState::Done => mark
+                .done_at
+                .and_then(|at| at.checked_add(CACHE_LAG).ok())
+                .filter(|lag_end| now < *lag_end)?
+                .min(window_end),
+        },
+        None if objects.pvcs.is_empty() && objects.claims.is_empty() && pvc_anchored(objects) => {
+            window_end
+        }
+        None => return None,
     };
-    indices.sort_unstable();
-    indices
-        .iter()
-        .enumerate()
-        .all(|(position, index)| *index == position as u64)
+    Some(until)
+}
+
+/// Whether the pool's Sandboxes record a strategy whose anchor is a PVC.
+fn pvc_anchored(objects: &PoolObjects) -> bool {
+    objects.sandboxes.iter().any(|sandbox| {
+        sandbox
+            .annotations()
+            .get(ANN_STRATEGY)
+            .and_then(|value| StrategyKind::parse(value))
+            .is_some_and(|kind| matches!(kind, StrategyKind::Dedicated | StrategyKind::Shared))
+    })
 }
 
 /// The expiry annotation, when present and readable.

@@ -290,6 +290,76 @@ fn missing_sandboxes_fail_unless_the_create_is_running() {
     assert_eq!(status.message.as_deref(), Some("1 of 3 sandboxes exist"));
 }
 
+/// Annotations of a member of a create whose window ends in a minute,
+/// with `mark` (the completion mark) when it is the anchor.
+fn in_window(strategy: &str, mark: Option<&str>) -> Value {
+    let mut annotations = direct(3, strategy);
+    let until = Timestamp::now()
+        .checked_add(SignedDuration::from_secs(60))
+        .expect("time");
+    annotations["context.rossoctl.io/creating-until"] = json!(until.to_string());
+    if let Some(mark) = mark {
+        annotations["context.rossoctl.io/created"] = json!(mark);
+    }
+    annotations
+}
+
+#[test]
+fn members_missing_within_a_create_window_are_expected_only_while_they_may_arrive() {
+    let phase = |sandboxes: Vec<Arc<Sandbox>>, pvcs: Vec<Arc<PersistentVolumeClaim>>| {
+        let objects = PoolObjects {
+            sandboxes,
+            pvcs,
+            ..PoolObjects::default()
+        };
+        pool_status("p", &objects, false).expect("pool").phase
+    };
+    let ago = |seconds: i64| {
+        Timestamp::now()
+            .checked_sub(SignedDuration::from_secs(seconds))
+            .expect("time")
+            .to_string()
+    };
+    // Members are made concurrently: while the mark is pending, a gap is a
+    // member still on its way.
+    let anchor = |mark: &str| sandbox("sandbox-p-0", in_window("existing", Some(mark)), vec![]);
+    let third = || sandbox("sandbox-p-2", in_window("existing", None), vec![]);
+    assert_eq!(
+        phase(vec![anchor("false"), third()], vec![]),
+        PoolPhase::Provisioning
+    );
+    // Finished a moment ago: these caches may not have every member yet.
+    assert_eq!(
+        phase(vec![anchor(&ago(1)), third()], vec![]),
+        PoolPhase::Provisioning
+    );
+    // Finished longer ago, or by a version that wrote no time: a member
+    // was deleted since.
+    assert_eq!(
+        phase(vec![anchor(&ago(10)), third()], vec![]),
+        PoolPhase::Failed
+    );
+    assert_eq!(
+        phase(vec![anchor("true"), third()], vec![]),
+        PoolPhase::Failed
+    );
+    // Claimed by a reaper: failed.
+    assert_eq!(
+        phase(vec![anchor("abandoned"), third()], vec![]),
+        PoolPhase::Failed
+    );
+    // The anchor of an existing-claim pool is its first Sandbox, made
+    // before the others and watched with them: without it, it was deleted.
+    assert_eq!(phase(vec![third()], vec![]), PoolPhase::Failed);
+    // A dedicated pool's anchor is its first PVC, in another watch that may
+    // lag the Sandboxes': no PVC cached yet is no verdict yet.
+    let dedicated = || sandbox("sandbox-p-1", in_window("dedicated", None), vec![]);
+    assert_eq!(phase(vec![dedicated()], vec![]), PoolPhase::Provisioning);
+    // Some PVC but not the anchor, which was made first: deleted.
+    let later_pvc = pvc("p-workspace-1", "1.5Gi", "Bound");
+    assert_eq!(phase(vec![dedicated()], vec![later_pvc]), PoolPhase::Failed);
+}
+
 #[test]
 fn terminating_members_are_not_ready() {
     let mut claim = (*claim(
