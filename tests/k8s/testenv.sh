@@ -316,6 +316,14 @@ metadata:
 provisioner: kubernetes.io/host-path
 reclaimPolicy: Delete
 volumeBindingMode: Immediate
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: wait-for-consumer
+provisioner: kubernetes.io/host-path
+reclaimPolicy: Delete
+volumeBindingMode: WaitForFirstConsumer
 EOF
 	kubectl wait --for=condition=Ready node/kwok-node-0 --timeout=60s >/dev/null ||
 		fail_up "kwok node did not become Ready"
