@@ -45,11 +45,16 @@ impl KubeBackend {
         };
         let created = Created::default();
         let made = match self.create_objects(spec, &created).await {
-            Ok(made) => self.mark_created(spec).await.map(|()| made),
+            // The mark and the caches catching up in the same round trip.
+            Ok(made) => {
+                let (marked, seen) =
+                    tokio::join!(self.mark_created(spec), self.caches_hold(spec, &created));
+                marked.map(|()| (made, seen))
+            }
             Err(error) => Err(error),
         };
         match made {
-            Ok(made) => self.created_status(spec, &created, made).await,
+            Ok((made, seen)) => created_status(spec, made, seen),
             Err(error) => {
                 let objects = created.objects();
                 if !objects.is_empty() {
@@ -110,8 +115,13 @@ impl KubeBackend {
                 claim_name,
                 read_only,
             } => {
-                let record = self.existing_claim(spec, claim_name).await?;
-                self.ensure_absent(&spec.name).await?;
+                // Both checks in one round trip; the claim's answer first.
+                let (record, absent) = tokio::join!(
+                    self.existing_claim(spec, claim_name),
+                    self.ensure_absent(&spec.name)
+                );
+                let record = record?;
+                absent?;
                 let volume = WorkspaceVolume {
                     claim_name,
                     read_only: *read_only,
@@ -319,7 +329,11 @@ impl KubeBackend {
         warm_pool: &str,
         created: &Created,
     ) -> Result<PoolObjects, BackendError> {
-        let found = match self.api::<SandboxWarmPool>().get_opt(warm_pool).await {
+        // Both checks in one round trip; the warm pool's answer first.
+        let warm_pools = self.api::<SandboxWarmPool>();
+        let (found, absent) =
+            tokio::join!(warm_pools.get_opt(warm_pool), self.ensure_absent(meta.name));
+        let found = match found {
             Ok(found) => found,
             // A missing CRD is a missing pool too, as upstream.
             Err(error) if is_not_found(&error) => None,
@@ -330,7 +344,7 @@ impl KubeBackend {
                 "warm pool {warm_pool:?} not found"
             )));
         }
-        self.ensure_absent(meta.name).await?;
+        absent?;
         let api = self.api::<SandboxClaim>();
         let now = Timestamp::now();
         let make = |i: u32| {
@@ -393,46 +407,47 @@ impl KubeBackend {
         }
     }
 
-    /// The status right after a create: from the caches once they saw every
-    /// new object (so an immediate `get` agrees), else from the API answers.
-    pub(super) async fn created_status(
-        &self,
-        spec: &PoolSpec,
-        created: &Created,
-        made: PoolObjects,
-    ) -> Result<PoolStatus, BackendError> {
-        let objects = match self.caches.get() {
-            Some((caches, _)) => {
-                let mut changes = caches.subscribe();
-                let seen = tokio::time::timeout(self.settings.cache_sync_timeout, async {
-                    loop {
-                        changes.borrow_and_update();
-                        if caches.contains(created) {
-                            return true;
-                        }
-                        if changes.changed().await.is_err() {
-                            return false;
-                        }
-                    }
-                })
-                .await
-                .unwrap_or(false);
-                if seen {
-                    caches.pool_objects(&spec.name)
-                } else {
-                    tracing::warn!(pool = %spec.name, "watch caches lag behind a create");
-                    made
+    /// The objects of the pool from the caches once they hold every object
+    /// of `created` (so an immediate `get` agrees with the answer); `None`
+    /// when they do not within the cache sync timeout, or are not started.
+    async fn caches_hold(&self, spec: &PoolSpec, created: &Created) -> Option<PoolObjects> {
+        let (caches, _) = self.caches.get()?;
+        let mut changes = caches.subscribe();
+        let seen = tokio::time::timeout(self.settings.cache_sync_timeout, async {
+            loop {
+                changes.borrow_and_update();
+                if caches.contains(created) {
+                    return true;
+                }
+                if changes.changed().await.is_err() {
+                    return false;
                 }
             }
-            None => made,
-        };
-        status::pool_status(&spec.name, &objects, true).ok_or_else(|| {
-            BackendError::internal(
-                format!("read sandbox pool {}", spec.name),
-                "no objects after create",
-            )
         })
+        .await
+        .unwrap_or(false);
+        if !seen {
+            tracing::warn!(pool = %spec.name, "watch caches lag behind a create");
+            return None;
+        }
+        Some(caches.pool_objects(&spec.name))
     }
+}
+
+/// The status right after a create: from the caches' objects when they
+/// caught up, else from the API's answers.
+fn created_status(
+    spec: &PoolSpec,
+    made: PoolObjects,
+    cached: Option<PoolObjects>,
+) -> Result<PoolStatus, BackendError> {
+    let objects = cached.unwrap_or(made);
+    status::pool_status(&spec.name, &objects, true).ok_or_else(|| {
+        BackendError::internal(
+            format!("read sandbox pool {}", spec.name),
+            "no objects after create",
+        )
+    })
 }
 
 /// Makes member 0 (the anchor) alone, then members `1..replicas` as
