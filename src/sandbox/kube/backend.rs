@@ -36,6 +36,22 @@ const CLOCK_STEP: Duration = Duration::from_millis(5);
 /// is removed in a few round trips, and the API server is not flooded.
 pub(super) const DELETES_IN_FLIGHT: usize = 16;
 
+/// Requests to the Kubernetes API in flight at once through a client built
+/// by [`KubeBackend::try_default`]: many concurrent pool creates then queue
+/// in the service rather than overrun the API server (whose in-flight
+/// limits and priority-and-fairness answer `429` beyond them). A watch or
+/// exec stream counts only until its response starts.
+pub const API_REQUESTS_IN_FLIGHT: usize = 64;
+
+/// `builder` with at most [`API_REQUESTS_IN_FLIGHT`] requests in flight.
+pub fn with_api_bound<S>(
+    builder: kube::client::ClientBuilder<S>,
+) -> kube::client::ClientBuilder<tower::limit::ConcurrencyLimit<S>> {
+    builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(
+        API_REQUESTS_IN_FLIGHT,
+    ))
+}
+
 /// Why a [`KubeBackend`] cannot be built.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeBackendError {
@@ -123,11 +139,14 @@ impl KubeBackend {
 
     /// A backend with the in-cluster configuration or the kubeconfig
     /// (`KUBECONFIG`, `~/.kube/config`), as `kube::Client::try_default` finds it.
+    /// At most [`API_REQUESTS_IN_FLIGHT`] requests are in flight at once.
     pub async fn try_default(settings: KubeSettings) -> Result<Self, KubeBackendError> {
-        let client = Client::try_default()
+        let config = kube::Config::infer()
             .await
-            .map_err(KubeBackendError::Client)?;
-        Self::new(client, settings)
+            .map_err(|e| KubeBackendError::Client(kube::Error::InferConfig(e)))?;
+        let builder =
+            kube::client::ClientBuilder::try_from(config).map_err(KubeBackendError::Client)?;
+        Self::new(with_api_bound(builder).build(), settings)
     }
 
     /// Starts the watch caches (once; later calls do nothing). Must run

@@ -127,11 +127,23 @@ impl FakeApi {
 
     /// A client whose requests this fake answers.
     fn client(&self) -> Client {
+        Client::new(self.service(), "default")
+    }
+
+    /// A client whose requests this fake answers, through the bound of
+    /// [`super::backend::with_api_bound`].
+    fn bounded_client(&self) -> Client {
+        let builder = kube::client::ClientBuilder::new(self.service(), "default");
+        super::backend::with_api_bound(builder).build()
+    }
+
+    /// A mock HTTP service this fake answers, each request on its own task
+    /// as a real API server serves them.
+    fn service(&self) -> mock::Mock<Request<Body>, Response<MockBody>> {
         let (service, mut handle) = mock::pair::<Request<Body>, Response<MockBody>>();
         let fake = self.clone();
         tokio::spawn(async move {
             while let Some((request, respond)) = handle.next_request().await {
-                // Each request on its own, as a real API server serves them.
                 let fake = fake.clone();
                 tokio::spawn(async move {
                     let response = fake.handle(request).await;
@@ -139,7 +151,7 @@ impl FakeApi {
                 });
             }
         });
-        Client::new(service, "default")
+        service
     }
 
     fn backend(&self) -> KubeBackend {
@@ -863,6 +875,26 @@ async fn a_big_pool_is_made_16_objects_at_a_time_after_its_anchor_alone() {
         .filter(|l| l.starts_with("POST"))
         .collect();
     assert_eq!(posts[0], "POST sandboxclaims/claim-big-0");
+}
+
+#[tokio::test]
+async fn the_default_client_keeps_64_api_requests_in_flight_at_most() {
+    let fake = FakeApi::default();
+    fake.slow(Method::GET, Duration::from_millis(20));
+    let client = fake.bounded_client();
+    let api: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        kube::Api::namespaced(client, NS);
+    let gets = (0..200).map(|i| {
+        let api = api.clone();
+        async move { api.get_opt(&format!("pvc-{i}")).await }
+    });
+    for answer in futures::future::join_all(gets).await {
+        assert!(answer.expect("get").is_none());
+    }
+    assert_eq!(
+        fake.most_in_flight(),
+        super::backend::API_REQUESTS_IN_FLIGHT
+    );
 }
 
 #[tokio::test]
