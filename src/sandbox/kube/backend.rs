@@ -239,6 +239,33 @@ impl KubeBackend {
         }
     }
 
+    /// The managed claims, Sandboxes and PVCs of pool `name` (at most
+    /// `limit` of each), listed from the API in one round trip.
+    pub(super) async fn list_pool_objects(
+        &self,
+        name: &str,
+        limit: Option<u32>,
+    ) -> Result<(Vec<SandboxClaim>, Vec<Sandbox>, Vec<PersistentVolumeClaim>), BackendError> {
+        let selector = objects::managed_pool_selector(name);
+        tokio::try_join!(
+            async {
+                self.list_or_empty::<SandboxClaim>(&selector, limit)
+                    .await
+                    .map_err(|e| BackendError::internal("list sandbox claims", e))
+            },
+            async {
+                self.list_or_empty::<Sandbox>(&selector, limit)
+                    .await
+                    .map_err(|e| BackendError::internal("list sandboxes", e))
+            },
+            async {
+                self.list_or_empty::<PersistentVolumeClaim>(&selector, limit)
+                    .await
+                    .map_err(|e| BackendError::internal("list workspace PVCs", e))
+            },
+        )
+    }
+
     /// Deletes the managed objects of pool `name` whose metadata `select`
     /// picks, listed from the API (not the caches: a pool created a moment
     /// ago must not survive its delete); `last` (kind and name) after all
@@ -249,25 +276,8 @@ impl KubeBackend {
         select: impl Fn(&ObjectMeta) -> bool,
         last: Option<(Kind, &str)>,
     ) -> Result<Deleted, BackendError> {
-        let selector = objects::managed_pool_selector(name);
         // The three lists at once: a delete is a few round trips, not six.
-        let (claims, sandboxes, pvcs) = tokio::try_join!(
-            async {
-                self.list_or_empty::<SandboxClaim>(&selector, None)
-                    .await
-                    .map_err(|e| BackendError::internal("list sandbox claims", e))
-            },
-            async {
-                self.list_or_empty::<Sandbox>(&selector, None)
-                    .await
-                    .map_err(|e| BackendError::internal("list sandboxes", e))
-            },
-            async {
-                self.list_or_empty::<PersistentVolumeClaim>(&selector, None)
-                    .await
-                    .map_err(|e| BackendError::internal("list workspace PVCs", e))
-            },
-        )?;
+        let (claims, sandboxes, pvcs) = self.list_pool_objects(name, None).await?;
         let (claims, sandboxes, pvcs) = (
             picked(&claims, &select),
             picked(&sandboxes, &select),

@@ -69,24 +69,7 @@ impl KubeBackend {
     /// pool label, whatever its strategy or owner: names are global in the
     /// namespace.
     pub(super) async fn ensure_absent(&self, name: &str) -> Result<(), BackendError> {
-        let selector = objects::managed_pool_selector(name);
-        let (claims, sandboxes, pvcs) = tokio::try_join!(
-            async {
-                self.list_or_empty::<SandboxClaim>(&selector, Some(1))
-                    .await
-                    .map_err(|e| BackendError::internal("list sandbox claims", e))
-            },
-            async {
-                self.list_or_empty::<Sandbox>(&selector, Some(1))
-                    .await
-                    .map_err(|e| BackendError::internal("list sandboxes", e))
-            },
-            async {
-                self.list_or_empty::<PersistentVolumeClaim>(&selector, Some(1))
-                    .await
-                    .map_err(|e| BackendError::internal("list workspace PVCs", e))
-            },
-        )?;
+        let (claims, sandboxes, pvcs) = self.list_pool_objects(name, Some(1)).await?;
         if claims.is_empty() && sandboxes.is_empty() && pvcs.is_empty() {
             Ok(())
         } else {
