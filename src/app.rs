@@ -162,8 +162,8 @@ impl AppState {
 /// The sandbox backend `config` selects, with its settings: `local` under
 /// `<data-dir>/local`; `kube` with `--namespace`, `--kube-sandbox-image`,
 /// `--kube-sandbox-service-account`, `--claim-ttl`,
-/// `--kube-claim-pod-label` and the hidden `--kube-create-window`, every
-/// other setting at its default.
+/// `--kube-claim-pod-label`, `--kube-volume-bind-timeout` and the hidden
+/// `--kube-create-window`, every other setting at its default.
 fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
     match config.backend {
         BackendKind::Local => SandboxSettings::Local(LocalSettings {
@@ -183,6 +183,7 @@ fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
             settings.claim_ttl = config.claim_ttl;
             settings.claim_pod_label = config.kube_claim_pod_label;
             settings.create_window = config.kube_create_window;
+            settings.volume_bind_timeout = config.kube_volume_bind_timeout;
             settings.delivery_container = config
                 .delivery_container
                 .clone()

@@ -155,6 +155,14 @@ pub struct ServeConfig {
     #[arg(long, hide = true, default_value = "2m", value_parser = humantime::parse_duration)]
     pub kube_create_window: std::time::Duration,
 
+    /// How long a pool create (`kube` backend) waits at most for its
+    /// workspace PVCs to bind before it makes the Sandboxes that mount
+    /// them, on storage classes that bind `Immediate`ly (a pod meeting an
+    /// unbound volume is retried by the scheduler with backoff of up to
+    /// 10 s). Needs `get` on `storageclasses`; `0s`: never wait.
+    #[arg(long, env = "CS_KUBE_VOLUME_BIND_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub kube_volume_bind_timeout: std::time::Duration,
+
     /// Most workloads per owner.
     #[arg(long, env = "CS_WORKLOAD_QUOTA", default_value_t = 20)]
     pub workload_quota: usize,

@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 use crate::pool::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
 use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
+use super::binding::BindingModes;
 use super::crd::{Sandbox, SandboxClaim};
 use super::objects;
 use super::settings::KubeSettings;
@@ -105,6 +106,8 @@ pub struct KubeBackend {
     pub(super) caches: OnceLock<(Caches, Watchers)>,
     /// Caches of Sandboxes by label selector, for shared delivery targets.
     pub(super) selected: SelectorWatches,
+    /// Storage classes' binding modes, as looked up.
+    pub(super) binding_modes: BindingModes,
 }
 
 impl std::fmt::Debug for KubeBackend {
@@ -134,6 +137,7 @@ impl KubeBackend {
             creating: InFlight::default(),
             caches: OnceLock::new(),
             selected: SelectorWatches::default(),
+            binding_modes: BindingModes::default(),
         })
     }
 

@@ -128,6 +128,7 @@ impl KubeBackend {
                 };
                 let pvc_name = names::shared_workspace(&spec.name);
                 let pvc = self.create_pvc(&meta, &pvc_name, &record, created).await?;
+                self.await_bound(&pvc, self.bind_deadline()).await;
                 let volume = WorkspaceVolume {
                     claim_name: &pvc_name,
                     read_only: false,
@@ -150,17 +151,26 @@ impl KubeBackend {
                     access_mode: "ReadWriteOnce".to_string(),
                     storage_class: storage_class.clone(),
                 };
-                // Each replica: its PVC, then its Sandbox (so no sandbox pod
-                // waits on a missing volume), then the Sandbox as the PVC's
-                // owner. PVC 0 is the anchor: made before the rest start.
-                let anchor = names::dedicated_workspace(&spec.name, 0);
-                self.create_pvc(&meta, &anchor, &record, created).await?;
-                let replica = |i: u32| {
+                // Every PVC first (PVC 0, the anchor, alone), so the
+                // provisioner works on all of them while the create waits;
+                // then each replica's Sandbox once its PVC is bound (so no
+                // sandbox pod meets an unbound volume), then the Sandbox as
+                // the PVC's owner.
+                let make_pvc = |i: u32| {
                     let (meta, record) = (&meta, &record);
                     async move {
                         let name = names::dedicated_workspace(meta.name, i);
-                        if i > 0 {
-                            self.create_pvc(meta, &name, record, created).await?;
+                        self.create_pvc(meta, &name, record, created).await
+                    }
+                };
+                let made_pvcs = anchor_first(meta.replicas, make_pvc).await?;
+                let bind_by = self.bind_deadline();
+                let replica = |i: u32| {
+                    let (meta, record, made_pvcs) = (&meta, &record, &made_pvcs);
+                    async move {
+                        let name = names::dedicated_workspace(meta.name, i);
+                        if let Some(pvc) = made_pvcs.get(i as usize) {
+                            self.await_bound(pvc, bind_by).await;
                         }
                         let volume = WorkspaceVolume {
                             claim_name: &name,

@@ -9,10 +9,12 @@
 //! - [`backend`]: [`KubeBackend`], the [`crate::pool::SandboxBackend`];
 //!   `create`, `lifecycle` and `contexts` add pool creation, suspend and
 //!   resume, and named contexts to it; `abandoned` deletes what a create
-//!   left when its process died half-way (for the reaper).
+//!   left when its process died half-way (for the reaper); `binding` makes
+//!   a create wait for its volumes to bind before their sandboxes.
 
 mod abandoned;
 pub mod backend;
+mod binding;
 mod contexts;
 pub mod crd;
 mod create;

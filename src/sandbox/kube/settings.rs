@@ -10,6 +10,10 @@ pub const DEFAULT_FIELD_MANAGER: &str = "context-service";
 /// 100-sandbox pool.
 pub const DEFAULT_CREATE_WINDOW: Duration = Duration::from_secs(120);
 
+/// Default of [`KubeSettings::volume_bind_timeout`]: the scheduler's
+/// longest backoff; past it, waiting gains nothing over a pod that waits.
+pub const DEFAULT_VOLUME_BIND_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Settings of the `kube` backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeSettings {
@@ -58,6 +62,10 @@ pub struct KubeSettings {
     /// completion is abandoned (its replica died) and any replica's reaper
     /// deletes what it made. Short only in tests.
     pub create_window: Duration,
+    /// How long a create waits at most for a workspace PVC of an
+    /// `Immediate` storage class to bind before it makes the Sandboxes that
+    /// mount it (see `binding`); zero: never wait.
+    pub volume_bind_timeout: Duration,
 }
 
 impl KubeSettings {
@@ -82,6 +90,7 @@ impl KubeSettings {
             cache_sync_timeout: Duration::from_secs(5),
             initial_sync_timeout: Duration::from_secs(30),
             create_window: DEFAULT_CREATE_WINDOW,
+            volume_bind_timeout: DEFAULT_VOLUME_BIND_TIMEOUT,
         }
     }
 }

@@ -31,6 +31,7 @@ const CLAIMS: &str = "sandboxclaims";
 const PVCS: &str = "persistentvolumeclaims";
 const WARM_POOLS: &str = "sandboxwarmpools";
 const PODS: &str = "pods";
+const STORAGE_CLASSES: &str = "storageclasses";
 
 /// Response bodies: whole JSON documents, or a never-ending watch stream.
 type MockBody = reqwest::Body;
@@ -257,11 +258,12 @@ impl FakeApi {
         self.state().requests.clone()
     }
 
-    /// The request lines, without the watch caches' traffic.
+    /// The request lines, without the watch caches' traffic and the
+    /// storage class lookups.
     fn lines(&self) -> Vec<String> {
         self.requests()
             .iter()
-            .filter(|r| !r.is_watch() && r.plural != PODS)
+            .filter(|r| !r.is_watch() && r.plural != PODS && r.plural != STORAGE_CLASSES)
             .map(Recorded::line)
             .collect()
     }
@@ -292,6 +294,24 @@ impl FakeApi {
                 "gitCommit": "", "gitTreeState": "clean", "buildDate": "", "goVersion": "go1.26",
                 "compiler": "gc", "platform": "linux/amd64"});
             return respond(StatusCode::OK, &info);
+        }
+        if let [.., STORAGE_CLASSES, name] = segments.as_slice() {
+            // A cluster-scoped object: `/apis/storage.k8s.io/v1/storageclasses/<name>`.
+            let mut state = self.state();
+            state.requests.push(Recorded {
+                method: parts.method.clone(),
+                plural: STORAGE_CLASSES.to_string(),
+                namespace: String::new(),
+                name: Some(name.to_string()),
+                query: parts.uri.query().unwrap_or_default().to_string(),
+                content_type: None,
+                body: Value::Null,
+            });
+            let key = format!("/{STORAGE_CLASSES}");
+            return match state.objects.get(&key).and_then(|o| o.get(*name)) {
+                Some(object) => respond(StatusCode::OK, object),
+                None => not_found(name),
+            };
         }
         let Some(at) = segments.iter().position(|s| *s == "namespaces") else {
             // A list across namespaces: `/api/v1/<plural>`.
@@ -698,9 +718,9 @@ async fn dedicated_create_makes_pvcs_then_sandboxes_and_owns_each_pvc() {
             "POST sandboxes/sandbox-review-1",
         ]
     );
-    // The conflict check, then the anchor alone, then each replica's PVC
-    // before its Sandbox before the owner patch; the completion mark on the
-    // anchor is the last request.
+    // The conflict check, then the anchor alone, then the other PVCs, each
+    // replica's PVC before its Sandbox before the owner patch; the
+    // completion mark on the anchor is the last request.
     let at = |line: &str| lines.iter().position(|l| l == line).expect(line);
     assert!(
         lines[..3].iter().all(|l| l.starts_with("LIST")),
@@ -2073,4 +2093,169 @@ async fn shared_sandboxes_come_from_a_cache_of_the_selector() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(fake.lines(), ["LIST sandboxes"], "reads made API calls");
+}
+
+/// Adds storage class `name` binding in `mode` (`None`: Kubernetes'
+/// default, `Immediate`).
+fn storage_class(fake: &FakeApi, name: &str, mode: Option<&str>) {
+    let mut class = json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": name},
+        "provisioner": "example.com/volumes",
+    });
+    if let Some(mode) = mode {
+        class["volumeBindingMode"] = json!(mode);
+    }
+    fake.insert("", STORAGE_CLASSES, class);
+}
+
+/// Binds PVC `name` as the PV controller would.
+fn bind(fake: &FakeApi, name: &str) {
+    fake.update(PVCS, name, |pvc| pvc["status"] = json!({"phase": "Bound"}));
+}
+
+/// Waits until `check` holds, at most 5 s.
+async fn until(what: &str, check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The storage class lookups so far.
+fn class_lookups(fake: &FakeApi) -> usize {
+    fake.requests()
+        .iter()
+        .filter(|r| r.plural == STORAGE_CLASSES)
+        .count()
+}
+
+async fn watching(fake: &FakeApi, settings: KubeSettings) -> Arc<KubeBackend> {
+    let backend = Arc::new(KubeBackend::new(fake.client(), settings).expect("backend"));
+    backend.start_watchers();
+    backend
+        .wait_synced(Duration::from_secs(5))
+        .await
+        .expect("synced");
+    backend
+}
+
+#[tokio::test]
+async fn on_an_immediate_class_each_sandbox_waits_for_its_pvc_to_bind() {
+    let fake = FakeApi::default();
+    storage_class(&fake, "fast", None);
+    let backend = watching(&fake, settings()).await;
+    let create = tokio::spawn({
+        let backend = backend.clone();
+        async move { backend.create_pool(&spec("review", 2, dedicated())).await }
+    });
+
+    // Both PVCs at once, no Sandbox while neither is bound.
+    until("both PVCs", || fake.names(PVCS).len() == 2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(fake.names(SANDBOXES).is_empty(), "{:?}", fake.lines());
+    // Each Sandbox follows its own PVC's binding, in any order.
+    bind(&fake, "review-workspace-1");
+    until("sandbox 1", || !fake.names(SANDBOXES).is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(fake.names(SANDBOXES), ["sandbox-review-1"]);
+    assert!(!create.is_finished());
+    bind(&fake, "review-workspace-0");
+    let status = create.await.expect("joined").expect("created");
+    assert_eq!(status.members.len(), 2);
+    assert_eq!(
+        fake.object(SANDBOXES, "sandbox-review-0")["spec"]["podTemplate"]["spec"]["volumes"][0]
+            ["persistentVolumeClaim"]["claimName"],
+        "review-workspace-0"
+    );
+
+    // The class's mode is looked up once per process: a second create
+    // asks no more.
+    let lookups = class_lookups(&fake);
+    assert!((1..=2).contains(&lookups), "{lookups}");
+    let shared = Strategy::Shared {
+        size: "1Gi".to_string(),
+        storage_class: Some("fast".to_string()),
+    };
+    let create = tokio::spawn({
+        let backend = backend.clone();
+        async move { backend.create_pool(&spec("team", 3, shared)).await }
+    });
+    until("the shared PVC", || fake.names(PVCS).len() == 3).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(fake.names(SANDBOXES).len(), 2, "{:?}", fake.lines());
+    bind(&fake, "team-workspace");
+    create.await.expect("joined").expect("created");
+    assert_eq!(fake.names(SANDBOXES).len(), 5);
+    assert_eq!(class_lookups(&fake), lookups);
+}
+
+#[tokio::test]
+async fn classes_that_bind_later_or_cannot_be_read_are_not_waited_for() {
+    let fake = FakeApi::default();
+    storage_class(&fake, "later", Some("WaitForFirstConsumer"));
+    // The default timeout (10 s) would outlast the 3 s allowed here.
+    let backend = watching(&fake, settings()).await;
+    for (name, class) in [("later", "later"), ("unknown", "missing")] {
+        let strategy = Strategy::Dedicated {
+            size: "1Gi".to_string(),
+            storage_class: Some(class.to_string()),
+        };
+        let created = tokio::time::timeout(
+            Duration::from_secs(3),
+            backend.create_pool(&spec(name, 2, strategy)),
+        )
+        .await
+        .expect("no wait for the volumes")
+        .expect("created");
+        assert_eq!(created.members.len(), 2);
+    }
+    // A claim with no class at all (none given, no default) is not looked up.
+    let lookups = class_lookups(&fake);
+    let strategy = Strategy::Shared {
+        size: "1Gi".to_string(),
+        storage_class: None,
+    };
+    tokio::time::timeout(
+        Duration::from_secs(3),
+        backend.create_pool(&spec("plain", 1, strategy)),
+    )
+    .await
+    .expect("no wait for the volume")
+    .expect("created");
+    assert_eq!(class_lookups(&fake), lookups);
+}
+
+#[tokio::test]
+async fn a_volume_that_never_binds_delays_the_create_by_the_timeout_once() {
+    let fake = FakeApi::default();
+    storage_class(&fake, "fast", Some("Immediate"));
+    let mut settings = settings();
+    settings.volume_bind_timeout = Duration::from_millis(300);
+    let backend = watching(&fake, settings).await;
+    let started = std::time::Instant::now();
+    let status = backend
+        .create_pool(&spec("review", 20, dedicated()))
+        .await
+        .expect("created anyway");
+    let took = started.elapsed();
+    assert_eq!(status.members.len(), 20);
+    assert_eq!(fake.names(SANDBOXES).len(), 20);
+    // One deadline for the create, not one per PVC: with 16 replicas in
+    // flight, the 17th would wait from 300 ms to 600 ms.
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_millis(600), "{took:?}");
+
+    // Zero: never wait.
+    let mut settings = self::settings();
+    settings.volume_bind_timeout = Duration::ZERO;
+    let backend = watching(&fake, settings).await;
+    let lookups = class_lookups(&fake);
+    backend
+        .create_pool(&spec("quick", 1, dedicated()))
+        .await
+        .expect("created");
+    assert_eq!(class_lookups(&fake), lookups, "no lookup when never waiting");
 }

@@ -297,6 +297,11 @@ impl Caches {
         names
     }
 
+    /// The cached PVC `key`.
+    pub(super) fn pvc(&self, key: &ObjectRef<PersistentVolumeClaim>) -> Option<Arc<PersistentVolumeClaim>> {
+        self.pvcs.get(key)
+    }
+
     /// Whether the caches hold every object of `created`.
     pub fn contains(&self, created: &Created) -> bool {
         let ns = &self.namespace;
