@@ -6,7 +6,8 @@
 #  2. Peak RSS of the service during 32 concurrent downloads of 8 distinct
 #     256 MiB bundles; must stay under the cache budget + 128 MiB.
 #
-# Usage: benches/download.sh            (DURATION=5 seconds per case;
+# Usage: benches/download.sh            (DURATION=5 seconds per run, REPS=3
+#        runs per case, each server in turn;
 #        BIN_DIR=dir to use already built binaries; TMPDIR for the 4 GiB)
 # Installs wrk and nginx with apt-get when missing. Everything runs as this
 # user on 127.0.0.1 and is removed at the end.
@@ -15,6 +16,7 @@ shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
 DURATION="${DURATION:-5}"
+REPS="${REPS:-3}"
 CACHE_MIB="${CACHE_MIB:-512}"
 CS_PORT="${CS_PORT:-18480}"
 NGINX_PORT="${NGINX_PORT:-18481}"
@@ -159,22 +161,38 @@ curl -fsS -o /dev/null "http://127.0.0.1:$NGINX_PORT/bundle.tar.gz"
 
 echo
 load1() { cut -d' ' -f1 /proc/loadavg; }
-echo "== download throughput: cached $((SIZE64 / 1048576)) MiB bundle, ${DURATION}s per case, loopback, $(nproc) cores (wrk, same file, same run) =="
-printf "%-8s %18s %14s %8s %8s %6s\n" clients context-service nginx ratio target load
-for c in 1 8 32; do
+echo "== download throughput: cached $((SIZE64 / 1048576)) MiB bundle, ${DURATION}s per run, $REPS runs each alternating, loopback, $(nproc) cores (wrk, same file, same run) =="
+echo "(each figure is the median of the runs; the ratio is the median of the runs' ratios)"
+printf "%-8s %18s %14s %8s %8s %6s  %s\n" clients context-service nginx ratio target load "ratios of the runs"
+# One wrk run against $1 with $2 clients; prints MB/s (fails on a non-2xx).
+wrk_mbs() {
+  local url="$1" c="$2" t
   t=$(( c < 2 ? 1 : 2 ))
-  wrk -t"$t" -c"$c" -d"${DURATION}s" -H "Authorization: Bearer $TOKEN" "$URL$DL_PATH" >"$WORK/wrk-cs.txt"
-  wrk -t"$t" -c"$c" -d"${DURATION}s" "http://127.0.0.1:$NGINX_PORT/bundle.tar.gz" >"$WORK/wrk-ng.txt"
-  if grep -q "Non-2xx" "$WORK/wrk-cs.txt" "$WORK/wrk-ng.txt"; then
+  shift 2
+  wrk -t"$t" -c"$c" -d"${DURATION}s" "$@" "$url" >"$WORK/wrk.txt"
+  if grep -q "Non-2xx" "$WORK/wrk.txt"; then
     echo "downloads failed:" >&2
-    cat "$WORK/wrk-cs.txt" "$WORK/wrk-ng.txt" >&2
+    cat "$WORK/wrk.txt" >&2
     exit 1
   fi
-  cs=$(transfer_mbs <"$WORK/wrk-cs.txt")
-  ng=$(transfer_mbs <"$WORK/wrk-ng.txt")
-  ratio=$(awk -v a="$cs" -v b="$ng" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+  transfer_mbs <"$WORK/wrk.txt"
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+for c in 1 8 32; do
+  css=() ngs=() ratios=()
+  for _ in $(seq 1 "$REPS"); do
+    # Alternating, so a change in the machine's load hits both servers.
+    cs=$(wrk_mbs "$URL$DL_PATH" "$c" -H "Authorization: Bearer $TOKEN")
+    ng=$(wrk_mbs "http://127.0.0.1:$NGINX_PORT/bundle.tar.gz" "$c")
+    css+=("$cs") ngs+=("$ng")
+    ratios+=("$(awk -v a="$cs" -v b="$ng" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print 0 }')")
+  done
+  cs=$(printf '%s\n' "${css[@]}" | median)
+  ng=$(printf '%s\n' "${ngs[@]}" | median)
+  ratio=$(printf '%s\n' "${ratios[@]}" | median)
+  ratio=$(awk -v r="$ratio" 'BEGIN { printf "%.2f", r }')
   mark=$(awk -v r="$ratio" 'BEGIN { print (r + 0 >= 1.0) ? "ok" : "MISS" }')
-  printf "%-8s %13s MB/s %9s MB/s %8s %8s %6s  %s\n" "$c" "$cs" "$ng" "$ratio" ">= 1.0" "$(load1)" "$mark"
+  printf "%-8s %13s MB/s %9s MB/s %8s %8s %6s  %s %s\n" "$c" "$cs" "$ng" "$ratio" ">= 1.0" "$(load1)" "${ratios[*]}" "$mark"
 done
 kill "$NGINX_PID"; wait "$NGINX_PID" 2>/dev/null || true; NGINX_PID=""
 

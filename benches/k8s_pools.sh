@@ -11,7 +11,8 @@
 # binary. BENCH_REPS=n repetitions of every row (default 3);
 # BENCH_STORAGE_CLASS=name puts managed workspaces on that class (the test
 # environment has `standard`, Immediate, the default, and `wait-for-consumer`,
-# WaitForFirstConsumer). The service is
+# WaitForFirstConsumer); BENCH_STRATEGIES=warm,shared picks strategies
+# (default all three). The service is
 # built optimised, as users run it (BENCH_PROFILE=test: the unoptimised test
 # profile the e2e runs already built).
 set -euo pipefail

@@ -1014,3 +1014,8 @@ mod lifetime;
 
 #[path = "k8s_pools_e2e/rbac.rs"]
 mod rbac;
+
+// --- volumes bound before their sandboxes ------------------------------------
+
+#[path = "k8s_pools_e2e/binding.rs"]
+mod binding;
