@@ -24,6 +24,7 @@ use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 use super::binding::BindingModes;
 use super::crd::{Sandbox, SandboxClaim};
+use super::delete::Kinds;
 use super::objects;
 use super::settings::KubeSettings;
 use super::status;
@@ -414,7 +415,13 @@ impl SandboxBackend for KubeBackend {
     }
 
     async fn delete_pool(&self, name: &str) -> Result<bool, BackendError> {
-        let deleted = self.delete_objects(name, |_| true, None).await?;
+        // The kinds the pool's strategy makes, as the caches know it; all
+        // three for a pool they have not seen.
+        let kinds = match self.get_pool(name).await {
+            Ok(Some(pool)) => Kinds::of(&pool.strategy),
+            _ => Kinds::ALL,
+        };
+        let deleted = self.delete_pool_objects(name, kinds).await?;
         if deleted.is_empty() {
             return Ok(false);
         }

@@ -10,7 +10,8 @@
 //!   `create`, `lifecycle` and `contexts` add pool creation, suspend and
 //!   resume, and named contexts to it; `abandoned` deletes what a create
 //!   left when its process died half-way (for the reaper); `binding` makes
-//!   a create wait for its volumes to bind before their sandboxes.
+//!   a create wait for its volumes to bind before their sandboxes;
+//!   `delete` removes a whole pool.
 
 mod abandoned;
 pub mod backend;
@@ -18,6 +19,7 @@ mod binding;
 mod contexts;
 pub mod crd;
 mod create;
+mod delete;
 pub mod exec;
 mod lifecycle;
 pub mod objects;

@@ -360,8 +360,11 @@ impl FakeApi {
         };
         let mut state = self.state();
         state.requests.push(recorded.clone());
+        // A fault named "" hits a request on the collection (no name).
         let fault = state.faults.iter().position(|f| {
-            f.method == parts.method && f.plural == plural && Some(&f.name) == name.as_ref()
+            f.method == parts.method
+                && f.plural == plural
+                && name.as_ref().map_or(f.name.is_empty(), |name| *name == f.name)
         });
         if let Some(index) = fault {
             let fault = state.faults.remove(index);
@@ -482,6 +485,34 @@ impl FakeApi {
                     }
                     None => not_found(&name),
                 }
+            }
+            (Method::DELETE, None) => {
+                // `deletecollection`: every object the selector matches.
+                let names: Vec<String> = state
+                    .objects
+                    .get(&key)
+                    .map(|objects| {
+                        objects
+                            .iter()
+                            .filter(|(_, o)| selector_matches(&selector, o))
+                            .map(|(name, _)| name.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let mut items = Vec::new();
+                for name in names {
+                    if let Some(object) = state.objects.get_mut(&key).and_then(|o| o.remove(&name)) {
+                        emit(&mut state, &namespace, &plural, "DELETED", &object);
+                        items.push(object);
+                    }
+                }
+                let list = json!({
+                    "apiVersion": "v1",
+                    "kind": "List",
+                    "metadata": {"resourceVersion": state.revision.to_string()},
+                    "items": items,
+                });
+                respond(StatusCode::OK, &list)
             }
             (method, _) => respond(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -1190,7 +1221,7 @@ async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool(
     let fake = FakeApi::default();
     fake.insert(NS, WARM_POOLS, warm_pool("agents"));
     fake.insert(NS, PVCS, plain_pvc("prepared", "ReadWriteMany", json!({})));
-    let backend = fake.backend();
+    let backend = watching(&fake, settings()).await;
     let existing = Strategy::Existing {
         claim_name: "prepared".to_string(),
         read_only: false,
@@ -1208,28 +1239,40 @@ async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool(
         .await
         .expect("dedicated pool");
 
-    let before = fake.requests().len();
-    assert!(backend.delete_pool("readers").await.expect("delete"));
-    assert!(backend.delete_pool("fast").await.expect("delete"));
-    assert!(backend.delete_pool("review").await.expect("delete"));
-    let deletes: Vec<Recorded> = fake.requests()[before..]
-        .iter()
-        .filter(|r| r.method == Method::DELETE)
-        .cloned()
-        .collect();
-    let lines: Vec<String> = deletes.iter().map(Recorded::line).collect();
-    assert_eq!(
-        lines,
-        [
-            "DELETE sandboxes/sandbox-readers-0",
-            "DELETE sandboxes/sandbox-readers-1",
-            "DELETE sandboxclaims/claim-fast-0",
-            "DELETE sandboxes/sandbox-review-0",
-            "DELETE persistentvolumeclaims/review-workspace-0",
-        ]
-    );
+    // One `deletecollection` by the pool's managed labels per kind its
+    // strategy makes (as the caches know it), the kinds at once.
+    let deleting = |name: &'static str| {
+        let (fake, backend) = (&fake, &backend);
+        async move {
+            let before = fake.requests().len();
+            assert!(backend.delete_pool(name).await.expect("delete"));
+            let deletes: Vec<Recorded> = fake.requests()[before..]
+                .iter()
+                .filter(|r| r.method == Method::DELETE)
+                .cloned()
+                .collect();
+            let selector = format!(
+                "labelSelector=context.rossoctl.io%2Fpool%3D{name}%2Capp.kubernetes.io%2Fmanaged-by%3Dcontext-service"
+            );
+            for delete in &deletes {
+                assert!(delete.query.contains(&selector), "{delete:?}");
+            }
+            let mut lines: Vec<String> = deletes.iter().map(Recorded::line).collect();
+            lines.sort();
+            (lines, deletes)
+        }
+    };
+    let (lines, _) = deleting("readers").await;
+    assert_eq!(lines, ["DELETE sandboxes"]);
+    let (lines, deletes) = deleting("fast").await;
+    assert_eq!(lines, ["DELETE sandboxclaims"]);
     // Claims go in the foreground, as upstream.
-    assert_eq!(deletes[2].body["propagationPolicy"], "Foreground");
+    assert_eq!(deletes[0].body["propagationPolicy"], "Foreground");
+    let (lines, deletes) = deleting("review").await;
+    assert_eq!(lines, ["DELETE persistentvolumeclaims", "DELETE sandboxes"]);
+    assert!(deletes
+        .iter()
+        .all(|d| d.body["propagationPolicy"] == "Background"));
     assert_eq!(fake.names(PVCS), ["prepared"]);
     assert_eq!(fake.names(WARM_POOLS), ["agents"]);
     assert!(fake.names(SANDBOXES).is_empty());
@@ -1240,26 +1283,25 @@ async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool(
 }
 
 #[tokio::test]
-async fn delete_ignores_objects_that_vanish_meanwhile_and_reports_other_failures() {
+async fn delete_counts_a_missing_resource_type_as_empty_and_reports_other_failures() {
     let fake = FakeApi::default();
     let backend = fake.backend();
     backend
         .create_pool(&spec("gone", 2, dedicated()))
         .await
         .expect("created");
-    fake.fail(Method::DELETE, SANDBOXES, "sandbox-gone-0", 404);
+    // Without the resource type (no CRD), a kind holds nothing.
+    fake.fail(Method::DELETE, SANDBOXES, "", 404);
     assert!(backend.delete_pool("gone").await.expect("404 is fine"));
+    assert_eq!(fake.names(PVCS), Vec::<String>::new());
 
     backend
         .create_pool(&spec("stuck", 1, dedicated()))
         .await
         .expect("created");
-    fake.fail(Method::DELETE, PVCS, "stuck-workspace-0", 500);
+    fake.fail(Method::DELETE, PVCS, "", 500);
     let error = backend.delete_pool("stuck").await.expect_err("500");
-    assert_eq!(
-        internal_context(error),
-        "delete workspace PVC stuck-workspace-0"
-    );
+    assert_eq!(internal_context(error), "delete workspace PVCs of stuck");
     // A retry finishes the job.
     assert!(backend.delete_pool("stuck").await.expect("retry"));
     assert!(fake.names(PVCS).is_empty());
