@@ -243,7 +243,7 @@ async fn bench_pools() {
     let reps = reps();
     let strategies = strategies();
     let mut single = Vec::new();
-    for strategy in strategies {
+    for strategy in strategies.iter().copied() {
         for replicas in [1u32, 10, 50] {
             let mut runs = Vec::new();
             for _ in 0..reps {
@@ -277,7 +277,7 @@ async fn bench_pools() {
         }
     }
     let mut concurrent = Vec::new();
-    for strategy in strategies {
+    for strategy in strategies.iter().copied() {
         let mut worst_ready_p99 = Duration::ZERO;
         for rep in 1..=reps {
             let row = fresh(strategy, 20, move |env, watch| async move {
