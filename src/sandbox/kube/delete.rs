@@ -79,7 +79,9 @@ impl KubeBackend {
                 }
                 self.delete_selected::<SandboxClaim>(selector, &DeleteParams::foreground())
                     .await
-                    .map_err(|e| BackendError::internal(format!("delete sandbox claims of {name}"), e))
+                    .map_err(|e| {
+                        BackendError::internal(format!("delete sandbox claims of {name}"), e)
+                    })
             },
             async {
                 if !kinds.sandboxes {

@@ -364,7 +364,9 @@ impl FakeApi {
         let fault = state.faults.iter().position(|f| {
             f.method == parts.method
                 && f.plural == plural
-                && name.as_ref().map_or(f.name.is_empty(), |name| *name == f.name)
+                && name
+                    .as_ref()
+                    .map_or(f.name.is_empty(), |name| *name == f.name)
         });
         if let Some(index) = fault {
             let fault = state.faults.remove(index);
@@ -501,7 +503,8 @@ impl FakeApi {
                     .unwrap_or_default();
                 let mut items = Vec::new();
                 for name in names {
-                    if let Some(object) = state.objects.get_mut(&key).and_then(|o| o.remove(&name)) {
+                    if let Some(object) = state.objects.get_mut(&key).and_then(|o| o.remove(&name))
+                    {
                         emit(&mut state, &namespace, &plural, "DELETED", &object);
                         items.push(object);
                     }
@@ -2299,5 +2302,9 @@ async fn a_volume_that_never_binds_delays_the_create_by_the_timeout_once() {
         .create_pool(&spec("quick", 1, dedicated()))
         .await
         .expect("created");
-    assert_eq!(class_lookups(&fake), lookups, "no lookup when never waiting");
+    assert_eq!(
+        class_lookups(&fake),
+        lookups,
+        "no lookup when never waiting"
+    );
 }

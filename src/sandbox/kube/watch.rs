@@ -298,7 +298,10 @@ impl Caches {
     }
 
     /// The cached PVC `key`.
-    pub(super) fn pvc(&self, key: &ObjectRef<PersistentVolumeClaim>) -> Option<Arc<PersistentVolumeClaim>> {
+    pub(super) fn pvc(
+        &self,
+        key: &ObjectRef<PersistentVolumeClaim>,
+    ) -> Option<Arc<PersistentVolumeClaim>> {
         self.pvcs.get(key)
     }
 
