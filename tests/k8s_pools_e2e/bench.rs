@@ -208,6 +208,34 @@ async fn create_until_ready(
     })
 }
 
+/// Deletes every sandbox object of `env`'s namespace and waits until its
+/// pods are gone (untimed). A namespace deleted with Sandboxes and warm
+/// pools still in it keeps the agent-sandbox controller retrying pod
+/// creates there (thousands of `403`s: the namespace is terminating),
+/// which loads the API server during the next repetition.
+async fn settle(env: &Env) -> Result<()> {
+    let everything = kube::api::ListParams::default();
+    for resource in [claims(), warm_pools(), sandboxes()] {
+        env.dyn_api(&resource)
+            .delete_collection(&DeleteParams::background(), &everything)
+            .await?;
+    }
+    env.api::<PersistentVolumeClaim>()
+        .delete_collection(&DeleteParams::background(), &everything)
+        .await?;
+    let pods = env.api::<Pod>();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let left = pods.list(&everything).await?.items.len()
+            + env.dyn_api(&sandboxes()).list(&everything).await?.items.len();
+        if left == 0 {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{left} pods and Sandboxes left after 120 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A fresh namespace and service: the warm pool filled for `fill`
 /// claims, the caches synced, the bench's watch running; then `body`.
 async fn fresh<F, Fut, T>(strategy: &'static str, fill: u32, body: F) -> T
@@ -223,7 +251,9 @@ where
         }
         env.warm_up().await?;
         let watch = Arc::new(ReadyWatch::start(&env, strategy).await?);
-        let out = body(Arc::new(env), watch).await?;
+        let env = Arc::new(env);
+        let out = body(env.clone(), watch).await?;
+        settle(&env).await?;
         let _ = tx.send(out);
         Ok(())
     })
