@@ -32,17 +32,20 @@ delivery=k8s_delivery_e2e
 # ("<test target>:<test name>") that must fail without it.
 declare -A mapped=(
 	["Role agents.x-k8s.io/sandboxes create"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
-	["Role agents.x-k8s.io/sandboxes delete"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
+	["Role agents.x-k8s.io/sandboxes delete"]="$pools:half_created_pool_is_rolled_back_completely"
+	["Role agents.x-k8s.io/sandboxes deletecollection"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
 	["Role agents.x-k8s.io/sandboxes list"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
 	["Role agents.x-k8s.io/sandboxes watch"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
 	["Role agents.x-k8s.io/sandboxes patch"]="$pools:lifetime::suspend_and_resume_remove_and_restore_pods_keeping_volumes"
 	["Role extensions.agents.x-k8s.io/sandboxclaims create"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
-	["Role extensions.agents.x-k8s.io/sandboxclaims delete"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
+	["Role extensions.agents.x-k8s.io/sandboxclaims delete"]="$pools:half_created_warm_pool_is_rolled_back_completely"
+	["Role extensions.agents.x-k8s.io/sandboxclaims deletecollection"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role extensions.agents.x-k8s.io/sandboxclaims list"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role extensions.agents.x-k8s.io/sandboxclaims watch"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role extensions.agents.x-k8s.io/sandboxclaims patch"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role extensions.agents.x-k8s.io/sandboxwarmpools get"]="$pools:warm_pool_claims_bind_warm_sandboxes_and_release_them"
 	["Role core/persistentvolumeclaims watch"]="$pools:readyz_reaches_the_kubernetes_api"
+	["Role core/persistentvolumeclaims deletecollection"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
 	["Role core/persistentvolumeclaims patch"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
 	["Role core/pods get"]="$delivery:delivery_lifecycle_through_kube_exec"
 	["Role core/pods list"]="$pools:dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox"
@@ -53,6 +56,7 @@ declare -A mapped=(
 	["ClusterRole core/persistentvolumeclaims get"]="$pools:rbac::named_context_in_another_namespace_uses_the_cluster_role"
 	["ClusterRole core/persistentvolumeclaims list"]="$pools:rbac::named_context_in_another_namespace_uses_the_cluster_role"
 	["ClusterRole core/persistentvolumeclaims delete"]="$pools:rbac::named_context_in_another_namespace_uses_the_cluster_role"
+	["ClusterRole storage.k8s.io/storageclasses get"]="$pools:binding::sandboxes_are_made_once_their_volumes_are_bound"
 )
 
 work=$(mktemp -d)
@@ -105,6 +109,7 @@ forbidden_re() {
 	create) echo "^POST $base([?]|\$)" ;;
 	patch) echo "^PATCH $base/[^/?]+([?]|\$)" ;;
 	delete) echo "^DELETE $base/[^/?]+([?]|\$)" ;;
+	deletecollection) echo "^DELETE $base([?]|\$)" ;;
 	*) fail "no request pattern for verb $verb" ;;
 	esac
 }
