@@ -227,11 +227,19 @@ async fn settle(env: &Env) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let left = pods.list(&everything).await?.items.len()
-            + env.dyn_api(&sandboxes()).list(&everything).await?.items.len();
+            + env
+                .dyn_api(&sandboxes())
+                .list(&everything)
+                .await?
+                .items
+                .len();
         if left == 0 {
             return Ok(());
         }
-        ensure!(Instant::now() < deadline, "{left} pods and Sandboxes left after 120 s");
+        ensure!(
+            Instant::now() < deadline,
+            "{left} pods and Sandboxes left after 120 s"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
