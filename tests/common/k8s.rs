@@ -125,8 +125,18 @@ where
     F: FnOnce(Env) -> Fut + Send + 'static,
     Fut: Future<Output = Result<()>> + Send + 'static,
 {
+    with_env_with(prefix, |_| {}, body).await;
+}
+
+/// [`with_env`] whose service starts after `adjust` changed its settings.
+pub(crate) async fn with_env_with<A, F, Fut>(prefix: &str, adjust: A, body: F)
+where
+    A: FnOnce(&mut context_service::config::ServeConfig) + Send + 'static,
+    F: FnOnce(Env) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
     with_namespace(prefix, |kube, ns| async move {
-        let server = start_server(&ns).await;
+        let server = start_server_with(&ns, adjust).await;
         body(Env { kube, ns, server }).await
     })
     .await;

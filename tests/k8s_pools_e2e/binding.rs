@@ -41,12 +41,10 @@ async fn unbound_volume_failures(env: &Env) -> Result<Vec<String>> {
 
 #[tokio::test]
 async fn sandboxes_are_made_once_their_volumes_are_bound() {
-    with_namespace("e2e-binding", |kube, ns| async move {
-        let server = start_server_with(&ns, |c| {
-            c.kube_volume_bind_timeout = Duration::from_secs(3);
-        })
-        .await;
-        let env = Env { kube, ns, server };
+    let bind_timeout = |c: &mut context_service::config::ServeConfig| {
+        c.kube_volume_bind_timeout = Duration::from_secs(3);
+    };
+    with_env_with("e2e-binding", bind_timeout, |env| async move {
 
         // The test control plane's default class (`standard`, Immediate,
         // the hostPath provisioner): sandboxes wait for their PVCs, so no

@@ -154,12 +154,10 @@ async fn suspend_and_resume_remove_and_restore_pods_keeping_volumes() {
 /// the controller leaves (the shared PVC), so nothing of them remains.
 #[tokio::test]
 async fn ttl_expiry_removes_every_object_across_a_restart() {
-    with_namespace("e2e-ttl", |kube, ns| async move {
-        let server = start_server_with(&ns, |c| {
-            c.pool_ttl_min = Duration::from_secs(1);
-        })
-        .await;
-        let env = Env { kube, ns, server };
+    let short_ttls = |c: &mut context_service::config::ServeConfig| {
+        c.pool_ttl_min = Duration::from_secs(1);
+    };
+    with_env_with("e2e-ttl", short_ttls, |env| async move {
         env.warm_pool("wp", "tpl", 1).await?;
         let shared = env
             .create_pool(&json!({"name": "brief", "replicas": 2, "ttl": "25s",

@@ -24,7 +24,7 @@ use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 use super::binding::BindingModes;
 use super::crd::{Sandbox, SandboxClaim};
-use super::delete::Kinds;
+use super::delete::{kinds_of, ALL_KINDS};
 use super::objects;
 use super::settings::KubeSettings;
 use super::status;
@@ -418,8 +418,8 @@ impl SandboxBackend for KubeBackend {
         // The kinds the pool's strategy makes, as the caches know it; all
         // three for a pool they have not seen.
         let kinds = match self.get_pool(name).await {
-            Ok(Some(pool)) => Kinds::of(&pool.strategy),
-            _ => Kinds::ALL,
+            Ok(Some(pool)) => kinds_of(&pool.strategy),
+            _ => ALL_KINDS,
         };
         let deleted = self.delete_pool_objects(name, kinds).await?;
         if deleted.is_empty() {

@@ -98,33 +98,24 @@ impl KubeBackend {
         if self.binding_mode(class).await != BindingMode::Immediate {
             return;
         }
-        let mut changes = caches.subscribe();
         let key = ObjectRef::new(name).within(&self.settings.namespace);
-        let bound = tokio::time::timeout_at(deadline, async {
-            loop {
-                changes.borrow_and_update();
-                if caches.pvc(&key).is_some_and(|pvc| is_bound(&pvc)) {
-                    return;
-                }
-                if changes.changed().await.is_err() {
-                    // The caches stopped: nothing more to wait for.
-                    return;
-                }
-            }
-        })
-        .await;
-        if bound.is_err() {
+        let bound = caches
+            .first(deadline, |caches| {
+                caches.pvc(&key).filter(|pvc| is_bound(pvc)).map(|_| ())
+            })
+            .await;
+        if bound.is_none() {
             tracing::warn!(
                 pvc = %name,
                 timeout = ?self.settings.volume_bind_timeout,
-                "workspace PVC not bound in time; creating its sandboxes anyway"
+                "workspace PVC not seen bound in time; creating its sandboxes anyway"
             );
         }
     }
 
     /// The binding mode of storage class `class` (`None`: the claim has
     /// none, not even a default).
-    pub(super) async fn binding_mode(&self, class: Option<&str>) -> BindingMode {
+    async fn binding_mode(&self, class: Option<&str>) -> BindingMode {
         let Some(class) = class.filter(|class| !class.is_empty()) else {
             return BindingMode::Unknown;
         };

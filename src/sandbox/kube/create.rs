@@ -405,21 +405,11 @@ impl KubeBackend {
     /// when they do not within the cache sync timeout, or are not started.
     async fn caches_hold(&self, spec: &PoolSpec, created: &Created) -> Option<PoolObjects> {
         let (caches, _) = self.caches.get()?;
-        let mut changes = caches.subscribe();
-        let seen = tokio::time::timeout(self.settings.cache_sync_timeout, async {
-            loop {
-                changes.borrow_and_update();
-                if caches.contains(created) {
-                    return true;
-                }
-                if changes.changed().await.is_err() {
-                    return false;
-                }
-            }
-        })
-        .await
-        .unwrap_or(false);
-        if !seen {
+        let deadline = tokio::time::Instant::now() + self.settings.cache_sync_timeout;
+        let seen = caches
+            .first(deadline, |caches| caches.contains(created).then_some(()))
+            .await;
+        if seen.is_none() {
             tracing::warn!(pool = %spec.name, "watch caches lag behind a create");
             return None;
         }

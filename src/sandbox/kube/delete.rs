@@ -15,98 +15,80 @@ use crate::pool::BackendError;
 use super::backend::{background, is_not_found, Deleted, KubeBackend};
 use super::crd::{Sandbox, SandboxClaim};
 use super::objects;
+use super::watch::Kind;
 
-/// Which kinds of object a pool may have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Kinds {
-    claims: bool,
-    sandboxes: bool,
-    pvcs: bool,
-}
-
-impl Kinds {
-    /// Every kind: for a pool the caches do not know (yet).
-    pub(super) const ALL: Kinds = Kinds {
-        claims: true,
-        sandboxes: true,
-        pvcs: true,
-    };
-
-    /// The kinds a create of `strategy` makes: claims for warm pools,
-    /// Sandboxes for an existing claim, Sandboxes and PVCs for managed
-    /// workspaces.
-    pub(super) fn of(strategy: &Strategy) -> Kinds {
-        match strategy {
-            Strategy::Warm { .. } => Kinds {
-                claims: true,
-                sandboxes: false,
-                pvcs: false,
-            },
-            Strategy::Existing { .. } => Kinds {
-                claims: false,
-                sandboxes: true,
-                pvcs: false,
-            },
-            Strategy::Shared { .. } | Strategy::Dedicated { .. } => Kinds {
-                claims: false,
-                sandboxes: true,
-                pvcs: true,
-            },
-        }
+/// The kinds of object a create of `strategy` makes: claims for warm
+/// pools, Sandboxes for an existing claim, Sandboxes and PVCs for managed
+/// workspaces.
+pub(super) fn kinds_of(strategy: &Strategy) -> &'static [Kind] {
+    match strategy {
+        Strategy::Warm { .. } => &[Kind::Claim],
+        Strategy::Existing { .. } => &[Kind::Sandbox],
+        Strategy::Shared { .. } | Strategy::Dedicated { .. } => &[Kind::Sandbox, Kind::Pvc],
     }
 }
 
+/// Every kind: for a pool the caches do not know (yet).
+pub(super) const ALL_KINDS: &[Kind] = &[Kind::Claim, Kind::Sandbox, Kind::Pvc];
+
 impl KubeBackend {
-    /// Deletes the managed objects of pool `name` of the `kinds` given;
-    /// answers how many of each there were. Claims go in the foreground, as
-    /// upstream: a claim stays visible until its Sandbox and Pod are gone,
-    /// so the pool does not look released while its sandboxes still run.
-    /// Sandboxes and PVCs go at once: a PVC in use stays (its protection
-    /// finalizer) until its pod is gone. The selector has our pool and
-    /// managed-by labels: never the caller's existing claim, which carries
-    /// neither, nor a foreign object with only the pool label.
+    /// Deletes the managed objects of pool `name` of the `kinds` given, the
+    /// kinds at once; answers how many of each there were. The selector has
+    /// our pool and managed-by labels: never the caller's existing claim,
+    /// which carries neither, nor a foreign object with only the pool label.
     pub(super) async fn delete_pool_objects(
         &self,
         name: &str,
-        kinds: Kinds,
+        kinds: &[Kind],
     ) -> Result<Deleted, BackendError> {
         let selector = objects::managed_pool_selector(name);
-        let selector = selector.as_str();
-        let (claims, sandboxes, pvcs) = tokio::try_join!(
-            async {
-                if !kinds.claims {
-                    return Ok(0);
-                }
+        let counts = futures::future::try_join_all(
+            kinds
+                .iter()
+                .map(|kind| self.delete_kind(*kind, name, &selector)),
+        )
+        .await?;
+        let mut deleted = Deleted::default();
+        for (kind, count) in kinds.iter().zip(counts) {
+            match kind {
+                Kind::Claim => deleted.claims = count,
+                Kind::Sandbox => deleted.sandboxes = count,
+                Kind::Pvc => deleted.pvcs = count,
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes the objects of `kind` that `selector` matches in pool
+    /// `name`. Claims go in the foreground, as upstream: a claim stays
+    /// visible until its Sandbox and Pod are gone, so the pool does not
+    /// look released while its sandboxes still run. Sandboxes and PVCs go
+    /// in the background at once: a PVC in use stays (its protection
+    /// finalizer) until its pod is gone.
+    async fn delete_kind(
+        &self,
+        kind: Kind,
+        name: &str,
+        selector: &str,
+    ) -> Result<usize, BackendError> {
+        let (result, what) = match kind {
+            Kind::Claim => (
                 self.delete_selected::<SandboxClaim>(selector, &DeleteParams::foreground())
-                    .await
-                    .map_err(|e| {
-                        BackendError::internal(format!("delete sandbox claims of {name}"), e)
-                    })
-            },
-            async {
-                if !kinds.sandboxes {
-                    return Ok(0);
-                }
+                    .await,
+                "sandbox claims",
+            ),
+            Kind::Sandbox => (
                 self.delete_selected::<Sandbox>(selector, &background())
-                    .await
-                    .map_err(|e| BackendError::internal(format!("delete sandboxes of {name}"), e))
-            },
-            async {
-                if !kinds.pvcs {
-                    return Ok(0);
-                }
+                    .await,
+                "sandboxes",
+            ),
+            Kind::Pvc => (
                 self.delete_selected::<PersistentVolumeClaim>(selector, &background())
-                    .await
-                    .map_err(|e| {
-                        BackendError::internal(format!("delete workspace PVCs of {name}"), e)
-                    })
-            },
-        )?;
-        Ok(Deleted {
-            claims,
-            sandboxes,
-            pvcs,
-        })
+                    .await,
+                "workspace PVCs",
+            ),
+        };
+        result.map_err(|e| BackendError::internal(format!("delete {what} of {name}"), e))
     }
 
     /// Deletes every `K` in the namespace that `selector` matches; answers

@@ -86,26 +86,17 @@ impl KubeBackend {
                 ..PoolObjects::default()
             };
         };
-        let mut changes = caches.subscribe();
-        let seen = tokio::time::timeout(self.settings.cache_sync_timeout, async {
-            loop {
-                changes.borrow_and_update();
+        let deadline = tokio::time::Instant::now() + self.settings.cache_sync_timeout;
+        let seen = caches
+            .first(deadline, |caches| {
                 let objects = caches.pool_objects(name);
-                if objects
+                let all_asked = objects
                     .sandboxes
                     .iter()
-                    .all(|s| status::is_suspended(s) == suspended)
-                {
-                    return Some(objects);
-                }
-                if changes.changed().await.is_err() {
-                    return None;
-                }
-            }
-        })
-        .await
-        .ok()
-        .flatten();
+                    .all(|s| status::is_suspended(s) == suspended);
+                all_asked.then_some(objects)
+            })
+            .await;
         match seen {
             Some(objects) => objects,
             None => {

@@ -329,9 +329,7 @@ impl FakeApi {
                         .filter(|o| selector_matches(&selector, o))
                         .cloned()
                         .collect();
-                    let list = json!({"apiVersion": "v1", "kind": "List",
-                        "metadata": {"resourceVersion": "1"}, "items": items});
-                    return respond(StatusCode::OK, &list);
+                    return respond(StatusCode::OK, &list(1, items));
                 }
             }
             return respond(
@@ -420,13 +418,7 @@ impl FakeApi {
                             .collect()
                     })
                     .unwrap_or_default();
-                let list = json!({
-                    "apiVersion": "v1",
-                    "kind": "List",
-                    "metadata": {"resourceVersion": state.revision.to_string()},
-                    "items": items,
-                });
-                respond(StatusCode::OK, &list)
+                respond(StatusCode::OK, &list(state.revision, items))
             }
             (Method::GET, Some(name)) => match state.objects.get(&key).and_then(|o| o.get(&name)) {
                 Some(object) => respond(StatusCode::OK, object),
@@ -490,32 +482,20 @@ impl FakeApi {
             }
             (Method::DELETE, None) => {
                 // `deletecollection`: every object the selector matches.
-                let names: Vec<String> = state
+                let items: Vec<Value> = state
                     .objects
-                    .get(&key)
+                    .get_mut(&key)
                     .map(|objects| {
                         objects
-                            .iter()
-                            .filter(|(_, o)| selector_matches(&selector, o))
-                            .map(|(name, _)| name.clone())
+                            .extract_if(.., |_, o| selector_matches(&selector, o))
+                            .map(|(_, object)| object)
                             .collect()
                     })
                     .unwrap_or_default();
-                let mut items = Vec::new();
-                for name in names {
-                    if let Some(object) = state.objects.get_mut(&key).and_then(|o| o.remove(&name))
-                    {
-                        emit(&mut state, &namespace, &plural, "DELETED", &object);
-                        items.push(object);
-                    }
+                for object in &items {
+                    emit(&mut state, &namespace, &plural, "DELETED", object);
                 }
-                let list = json!({
-                    "apiVersion": "v1",
-                    "kind": "List",
-                    "metadata": {"resourceVersion": state.revision.to_string()},
-                    "items": items,
-                });
-                respond(StatusCode::OK, &list)
+                respond(StatusCode::OK, &list(state.revision, items))
             }
             (method, _) => respond(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -523,6 +503,16 @@ impl FakeApi {
             ),
         }
     }
+}
+
+/// A list answer of `items` at `revision`.
+fn list(revision: u64, items: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {"resourceVersion": revision.to_string()},
+        "items": items,
+    })
 }
 
 /// Sends a watch event to every matching watch stream.

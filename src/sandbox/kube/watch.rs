@@ -252,6 +252,31 @@ impl Caches {
         self.health.check().await
     }
 
+    /// The first `Some` that `look` finds in the caches, looking again
+    /// after every change, until `deadline`; `None` once it passed or the
+    /// caches stopped.
+    pub(super) async fn first<T>(
+        &self,
+        deadline: tokio::time::Instant,
+        mut look: impl FnMut(&Caches) -> Option<T>,
+    ) -> Option<T> {
+        let mut changes = self.subscribe();
+        tokio::time::timeout_at(deadline, async {
+            loop {
+                // Mark the generation seen before looking, so a change
+                // between the look and the wait is not missed.
+                changes.borrow_and_update();
+                if let Some(found) = look(self) {
+                    return Some(found);
+                }
+                changes.changed().await.ok()?;
+            }
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
     /// A receiver that changes whenever any cache changes.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.clone()
