@@ -26,8 +26,21 @@ fn threads_named(prefix: &str) -> usize {
         .count()
 }
 
+/// The engine's threads once joined ones have left `/proc/self/task`.
+///
+/// `join` returns when the kernel clears the thread's tid, a moment before
+/// the exiting task leaves the thread group's list: a joined thread can
+/// still be counted for microseconds. A thread left running (the
+/// regression) is still there after the 200 ms this allows.
 fn engine_threads() -> usize {
-    threads_named("bundle-")
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+    loop {
+        let n = threads_named("bundle-");
+        if n == 0 || std::time::Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// Records the most deflate workers alive while the bundle is written.
@@ -72,6 +85,8 @@ fn deflate_workers_follow_the_option() {
             deflate_threads: asked,
             ..CanonicalOptions::default()
         };
+        // The previous call's workers gone, so only this call's are sampled.
+        assert_eq!(engine_threads(), 0);
         let mut out = Sampling::default();
         let report = bundle::canonicalize(&input[..], &Limits::default(), &opts, &mut out)
             .expect("a valid bundle");
