@@ -3,8 +3,9 @@
 #
 #  1. Throughput of one cached 64 MiB bundle with 1, 8 and 32 concurrent
 #     clients (wrk), side by side with nginx serving the same file from disk.
-#  2. Peak RSS of the service during 32 concurrent downloads of 8 distinct
-#     256 MiB bundles; must stay under the cache budget + 128 MiB.
+#  2. Peak memory of the service (RSS plus its cached bundles' memfds)
+#     during 32 concurrent downloads of 8 distinct 256 MiB bundles; must
+#     stay under the cache budget + 128 MiB.
 #
 # Usage: benches/download.sh            (DURATION=5 seconds per run, REPS=3
 #        runs per case, each server in turn;
@@ -226,8 +227,35 @@ stop_service
 start_service
 TOKEN="$(ctl token)"
 RSS_IDLE=$(awk '/VmRSS/ {print $2}' "/proc/$CS_PID/status")
+# Cached bundles live in memfds that sendfile(2) reads without mapping
+# them into the process, so RSS alone would miss them: the memory held is
+# sampled as anonymous + file-backed RSS + the size of every bundle memfd
+# (RssShmem, the memfds' pages the process did touch, is in the last).
+held_kb() {
+  local memfd=0 f
+  for f in /proc/"$CS_PID"/fd/*; do
+    case "$(readlink "$f" 2>/dev/null)" in
+      /memfd:context-service-bundle*) memfd=$((memfd + $(stat -L -c %s "$f" 2>/dev/null || echo 0))) ;;
+    esac
+  done
+  awk -v m="$memfd" '/^RssAnon|^RssFile/ { kb += $2 } END { printf "%d", kb + m / 1024 }' "/proc/$CS_PID/status"
+}
+sample_peak() {
+  local peak=0 now
+  while kill -0 "$CS_PID" 2>/dev/null && [ ! -e "$WORK/sampling.stop" ]; do
+    now=$(held_kb)
+    [ "$now" -gt "$peak" ] && peak=$now && echo "$peak" >"$WORK/peak.kb"
+    sleep 0.1
+  done
+}
+echo 0 >"$WORK/peak.kb"
+sample_peak &
+SAMPLER=$!
 wrk -t2 -c32 -d"$((DURATION * 2))s" --timeout 60s -H "Authorization: Bearer $TOKEN" -s "$LUA" "$URL" >"$WORK/wrk-256.txt"
-PEAK_KB=$(awk '/VmHWM/ {print $2}' "/proc/$CS_PID/status")
+touch "$WORK/sampling.stop"
+wait "$SAMPLER"
+PEAK_KB=$(cat "$WORK/peak.kb")
+HWM_KB=$(awk '/VmHWM/ {print $2}' "/proc/$CS_PID/status")
 if grep -q "Non-2xx" "$WORK/wrk-256.txt"; then
   echo "downloads failed:" >&2
   cat "$WORK/wrk-256.txt" >&2
@@ -238,8 +266,8 @@ REQS=$(awk '/requests in/ {print $1}' "$WORK/wrk-256.txt")
 LIMIT_KB=$(( (CACHE_MIB + 128) * 1024 ))
 echo "== memory: 32 concurrent downloads of 8 distinct $((SIZE256 / 1048576)) MiB bundles, $((DURATION * 2))s =="
 echo "completed requests: $REQS, throughput: $MBS MB/s"
-echo "idle RSS: $((RSS_IDLE / 1024)) MiB; peak RSS: $((PEAK_KB / 1024)) MiB; limit (cache budget $CACHE_MIB MiB + 128 MiB): $((LIMIT_KB / 1024)) MiB; load $(load1)"
-if [ "$PEAK_KB" -lt "$LIMIT_KB" ]; then
+echo "idle RSS: $((RSS_IDLE / 1024)) MiB; peak RSS (VmHWM): $((HWM_KB / 1024)) MiB; peak memory held (RSS + bundle memfds, sampled every 0.1 s): $((PEAK_KB / 1024)) MiB; limit (cache budget $CACHE_MIB MiB + 128 MiB): $((LIMIT_KB / 1024)) MiB; load $(load1)"
+if [ "$PEAK_KB" -lt "$LIMIT_KB" ] && [ "$HWM_KB" -lt "$LIMIT_KB" ]; then
   echo "memory: PASS"
 else
   echo "memory: FAIL"

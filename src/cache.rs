@@ -1,7 +1,8 @@
 //! The bundle cache: an LRU of bundle bytes under a byte budget.
 //!
 //! * Keyed by bundleDigest; values are [`Bytes`] shared with every response
-//!   that streams them.
+//!   that streams them, held in sealed memfds so that the server sends them
+//!   by `sendfile(2)` without copying ([`crate::zerocopy`]).
 //! * Memory is bounded by *resident* bytes, not only by what the LRU holds:
 //!   an evicted bundle that responses still stream stays counted until its
 //!   last reader finishes. A load that does not fit streams from disk
@@ -12,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, SeekFrom};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +23,8 @@ use futures::stream::{self, Stream};
 use lru::LruCache;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::OnceCell;
+
+use crate::zerocopy;
 
 /// Size of the chunks a response from disk is read in: big enough that
 /// the per-chunk hop to the blocking pool is noise, small enough that 32
@@ -249,13 +252,8 @@ impl BundleCache {
         self.reserve(len)?;
         // From here `len` bytes are counted; `Resident` releases them, and so
         // does the error path below.
-        let read = tokio::fs::read(path).await;
-        let bytes = match read {
-            Ok(b) if b.len() as u64 == len => Bytes::from(b),
-            Ok(b) => {
-                self.resident.fetch_sub(len, Ordering::AcqRel);
-                return Err(LoadError::Io(size_mismatch(path, len, b.len() as u64)));
-            }
+        let bytes = match load_sealed(path.to_owned(), len).await {
+            Ok(bytes) => bytes,
             Err(e) => {
                 self.resident.fetch_sub(len, Ordering::AcqRel);
                 return Err(LoadError::Io(e));
@@ -306,6 +304,23 @@ impl BundleCache {
     pub fn contains(&self, digest: &str) -> bool {
         lock(&self.lru).entries.contains(digest)
     }
+}
+
+/// Reads the `len`-byte blob at `path` into a sealed memfd (so that the
+/// server can send it by `sendfile(2)`, see [`crate::zerocopy`]).
+async fn load_sealed(path: PathBuf, len: u64) -> io::Result<Bytes> {
+    let load = move || {
+        let file = std::fs::File::open(&path)?;
+        let actual = file.metadata()?.len();
+        if actual != len {
+            return Err(size_mismatch(&path, len, actual));
+        }
+        zerocopy::sendable_copy(file, len)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    };
+    tokio::task::spawn_blocking(load)
+        .await
+        .unwrap_or_else(|joined| Err(io::Error::other(joined)))
 }
 
 fn size_mismatch(path: &Path, expected: u64, actual: u64) -> io::Error {

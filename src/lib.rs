@@ -26,3 +26,4 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod workload;
+pub mod zerocopy;

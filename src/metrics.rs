@@ -45,6 +45,7 @@ pub struct Metrics {
     latency: Family<HttpLabels, Histogram>,
     connections_open: Gauge,
     connections_refused: Family<RefusalLabels, Counter>,
+    sendfile_bytes: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -95,12 +96,19 @@ impl Metrics {
             "Client connections refused by a connection cap, by cap",
             connections_refused.clone(),
         );
+        let sendfile_bytes = Counter::default();
+        registry.register(
+            "http_sendfile_bytes",
+            "Response bytes sent by sendfile(2) from cached bundles, without a copy",
+            sendfile_bytes.clone(),
+        );
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
             latency,
             connections_open,
             connections_refused,
+            sendfile_bytes,
         }
     }
 
@@ -123,6 +131,11 @@ impl Metrics {
     /// The gauge of open client connections.
     pub fn connections_open(&self) -> &Gauge {
         &self.connections_open
+    }
+
+    /// The counter of response bytes sent by `sendfile(2)`.
+    pub fn sendfile_bytes(&self) -> &Counter {
+        &self.sendfile_bytes
     }
 
     /// Counts a connection refused by the cap `limit`.

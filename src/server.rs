@@ -1,6 +1,7 @@
 //! Binding, serving and graceful shutdown.
 
 mod conn;
+mod sendfile;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -166,8 +167,9 @@ fn check_limits(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// File descriptors kept for everything but client connections: the
-/// listener, the store and blobs, upload spools, the Kubernetes client.
-const FD_RESERVE: u64 = 256;
+/// listener, the store and blobs, upload spools, the Kubernetes client, and
+/// the cached bundles' memfds.
+const FD_RESERVE: u64 = 256 + crate::zerocopy::MAX_MEMFDS as u64;
 
 /// Raises the soft open-file limit to the hard one (as Go's runtime does)
 /// and lowers `max_connections` when even that cannot hold them besides

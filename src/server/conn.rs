@@ -33,6 +33,8 @@ use tower::ServiceExt as _;
 use crate::api::ErrorBody;
 use crate::metrics::Metrics;
 
+use super::sendfile::SendfileStream;
+
 /// Connection-level limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
@@ -109,6 +111,7 @@ pub(super) async fn serve(
         // Small answers should not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
         let service = ConnectionService::new(app.clone(), limits.max_requests_per_connection);
+        let stream = SendfileStream::new(stream, metrics.sendfile_bytes().clone());
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         connections.spawn(async move {
             if let Err(e) = conn.await {

@@ -717,6 +717,14 @@ async fn downloads_ranges_and_conditional_requests() {
         metrics.contains("context_service_bundle_cache_hits 1"),
         "{metrics}"
     );
+    // Both answers left by sendfile(2) from the cached memfd, not copied.
+    assert!(
+        metrics.contains(&format!(
+            "context_service_http_sendfile_bytes_total {}\n",
+            2 * len
+        )),
+        "{metrics}"
+    );
 
     let resp = get(&[("if-none-match", etag.clone())]).await;
     assert_eq!(resp.status(), 304);
@@ -747,6 +755,22 @@ async fn downloads_ranges_and_conditional_requests() {
     assert_eq!(
         resp.bytes().await.unwrap().to_vec(),
         bytes[300_000..bytes.len() - 1]
+    );
+    // Ranges of a cached bundle go by sendfile(2) too (after three whole
+    // answers: two above and the one to a stale If-None-Match).
+    let metrics = Caller::anonymous(&server)
+        .get("/metrics")
+        .await
+        .text()
+        .await
+        .unwrap();
+    let ranged = 10 + 5 + (len - 1 - 300_000);
+    assert!(
+        metrics.contains(&format!(
+            "context_service_http_sendfile_bytes_total {}\n",
+            3 * len + ranged
+        )),
+        "{metrics}"
     );
     let resp = get(&[("range", format!("bytes={len}-"))]).await;
     assert_eq!(
