@@ -1,8 +1,9 @@
 //! The bundle cache: an LRU of bundle bytes under a byte budget.
 //!
 //! * Keyed by bundleDigest; values are [`Bytes`] shared with every response
-//!   that streams them, held in sealed memfds so that the server sends them
-//!   by `sendfile(2)` without copying ([`crate::zerocopy`]).
+//!   that streams them: the blob file's read-only mapping, so that the
+//!   server sends them by `sendfile(2)` from the page cache without copying
+//!   ([`crate::zerocopy`]).
 //! * Memory is bounded by *resident* bytes, not only by what the LRU holds:
 //!   an evicted bundle that responses still stream stays counted until its
 //!   last reader finishes. A load that does not fit streams from disk
@@ -252,7 +253,7 @@ impl BundleCache {
         self.reserve(len)?;
         // From here `len` bytes are counted; `Resident` releases them, and so
         // does the error path below.
-        let bytes = match load_sealed(path.to_owned(), len).await {
+        let bytes = match load_blob(path.to_owned(), len).await {
             Ok(bytes) => bytes,
             Err(e) => {
                 self.resident.fetch_sub(len, Ordering::AcqRel);
@@ -306,16 +307,16 @@ impl BundleCache {
     }
 }
 
-/// Reads the `len`-byte blob at `path` into a sealed memfd (so that the
+/// Loads the `len`-byte blob at `path` into memory (mapped, so that the
 /// server can send it by `sendfile(2)`, see [`crate::zerocopy`]).
-async fn load_sealed(path: PathBuf, len: u64) -> io::Result<Bytes> {
+async fn load_blob(path: PathBuf, len: u64) -> io::Result<Bytes> {
     let load = move || {
         let file = std::fs::File::open(&path)?;
         let actual = file.metadata()?.len();
         if actual != len {
             return Err(size_mismatch(&path, len, actual));
         }
-        zerocopy::sendable_copy(file, len)
+        zerocopy::load_blob(file, len)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
     };
     tokio::task::spawn_blocking(load)

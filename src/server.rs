@@ -168,8 +168,8 @@ fn check_limits(config: &ServeConfig) -> anyhow::Result<()> {
 
 /// File descriptors kept for everything but client connections: the
 /// listener, the store and blobs, upload spools, the Kubernetes client, and
-/// the cached bundles' memfds.
-const FD_RESERVE: u64 = 256 + crate::zerocopy::MAX_MEMFDS as u64;
+/// the cached bundles' mapped blob files.
+const FD_RESERVE: u64 = 256 + crate::zerocopy::MAX_MAPPINGS as u64;
 
 /// Raises the soft open-file limit to the hard one (as Go's runtime does)
 /// and lowers `max_connections` when even that cannot hold them besides

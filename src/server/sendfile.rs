@@ -1,10 +1,11 @@
-//! A connection's socket that sends buffers living in sealed memfds (cached
-//! bundles, see [`crate::zerocopy`]) with `sendfile(2)` and everything else
-//! with ordinary writes.
+//! A connection's socket that sends buffers living in mapped blob files
+//! (cached bundles, see [`crate::zerocopy`]) with `sendfile(2)` and
+//! everything else with ordinary writes.
 //!
 //! hyper writes a response body's `Bytes` as they are (vectored writes
 //! point into them), so a cached bundle reaches this wrapper as a slice of
-//! its mapping, and the kernel can take the pages instead of a copy.
+//! its mapping, and the kernel can take the page cache's pages instead of
+//! a copy.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -19,7 +20,7 @@ use crate::zerocopy::{self, FileSlice};
 /// Most bytes one `sendfile(2)` call moves (the kernel's own cap).
 const MAX_SENDFILE: usize = 0x7fff_f000;
 
-/// A TCP stream whose writes of sealed-memfd buffers go by `sendfile(2)`.
+/// A TCP stream whose writes of mapped-blob buffers go by `sendfile(2)`.
 #[derive(Debug)]
 pub(super) struct SendfileStream {
     stream: TcpStream,
@@ -28,7 +29,7 @@ pub(super) struct SendfileStream {
 }
 
 impl SendfileStream {
-    /// Wraps `stream`, counting the bytes sent from memfds on `sent`.
+    /// Wraps `stream`, counting the bytes sent from blob files on `sent`.
     pub(super) fn new(stream: TcpStream, sent: Counter) -> Self {
         Self { stream, sent }
     }
@@ -85,7 +86,7 @@ impl AsyncWrite for SendfileStream {
         }
     }
 
-    /// Sends the first buffer by `sendfile(2)` when it lives in a memfd,
+    /// Sends the first buffer by `sendfile(2)` when it lives in a blob mapping,
     /// else writes the buffers up to the first that does, in one call; the
     /// caller comes back for the rest, as after any short write.
     fn poll_write_vectored(
@@ -144,11 +145,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn memfd_buffers_go_by_sendfile_and_arrive_whole_in_order() {
+    async fn mapped_blob_buffers_go_by_sendfile_and_arrive_whole_in_order() {
         let (mut server, mut client, sent) = pair().await;
         let data = pattern(8 << 20);
-        let sealed = zerocopy::sendable_copy(&data[..], data.len() as u64).unwrap();
-        let body = sealed.slice(100..(8 << 20) - 100);
+        let blob = zerocopy::load_test_blob(&data);
+        let body = blob.slice(100..(8 << 20) - 100);
         let expected_len = 5 + body.len() + 8;
         let reader = tokio::spawn(async move {
             let mut got = Vec::new();

@@ -12,6 +12,7 @@
 
 use std::fs::{self, File};
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -139,12 +140,17 @@ impl BlobStore {
         Ok(TempBlob { file })
     }
 
-    /// Makes `temp` durable as the blob `digest` (fsync, rename, directory
-    /// fsync). An existing blob with that digest has the same bytes and is
+    /// Makes `temp` durable and read-only as the blob `digest` (mode
+    /// `0400`, fsync, rename, directory fsync). An existing blob with that digest has the same bytes and is
     /// kept. Blocking.
     pub fn persist(&self, temp: TempBlob, digest: &str) -> io::Result<PathBuf> {
         let target = self.path(digest)?;
         let parent = target.parent().ok_or_else(|| bad_digest(digest))?;
+        // Read-only from here on: a stored blob is never written again, and
+        // the cache maps it (see `crate::zerocopy`).
+        temp.file
+            .as_file()
+            .set_permissions(fs::Permissions::from_mode(0o400))?;
         temp.file.as_file().sync_all()?;
         if !parent.is_dir() {
             fsutil::ensure_dir(parent, 0o700)?;
@@ -242,6 +248,9 @@ mod tests {
         let path = blobs.persist(temp, D).unwrap();
         assert!(path.ends_with(format!("sha256/ab/{D}")));
         assert_eq!(fs::read(&path).unwrap(), b"bundle");
+        // Stored read-only: the cache maps stored blobs.
+        let mode = fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o400);
         assert_eq!(blobs.digests().unwrap(), vec![D.to_owned()]);
 
         // A dropped temp blob leaves nothing; a crash's leftovers are removed.
