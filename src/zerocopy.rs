@@ -13,8 +13,8 @@
 //! lives in 4 KiB pages where shmem huge pages are off (the default), and
 //! `sendfile(2)` then looks every page up; the page cache of a disk file
 //! system holds large folios, and serving from it costs the server about
-//! a quarter less CPU per byte (measured: `benches/download.sh`, and nginx
-//! itself is as slow from `/dev/shm` as from a memfd).
+//! a fifth less CPU per byte (measured with `perf` beside
+//! `benches/download.sh`; nginx itself is as slow from `/dev/shm`).
 //!
 //! The mapping is sound because a blob never changes after it is stored:
 //! it is written to a temporary file, made read-only (mode `0400`), fsynced
