@@ -92,11 +92,18 @@ alive_or_starting() {
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# A free port p whose gRPC companion p+10000 (SeaweedFS's default) is free too.
+# A free port p whose gRPC companion p+10000 (SeaweedFS's default) is free too,
+# both below the kernel's ephemeral range: a port inside it can be taken as
+# the source port of any outgoing connection (weed's own among them) between
+# this check and weed's bind, which failed a CI run with "bind: address
+# already in use" on the S3 gateway's gRPC port.
 free_port() {
-	local p i
+	local p i lo=10000 hi ephemeral
+	ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+	hi=$((ephemeral - 10000 - 1))
+	[ "$hi" -gt "$lo" ] || { lo=20000 hi=29999; }
 	for i in $(seq 200); do
-		p=$((20000 + RANDOM % 10000))
+		p=$((lo + RANDOM % (hi - lo + 1)))
 		port_free "$p" && port_free $((p + 10000)) && {
 			echo "$p"
 			return 0
