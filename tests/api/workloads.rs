@@ -717,7 +717,7 @@ async fn downloads_ranges_and_conditional_requests() {
         metrics.contains("context_service_bundle_cache_hits 1"),
         "{metrics}"
     );
-    // Both answers left by sendfile(2) from the cached memfd, not copied.
+    // Both answers left by sendfile(2) from the cached blob file, not copied.
     assert!(
         metrics.contains(&format!(
             "context_service_http_sendfile_bytes_total {}\n",
