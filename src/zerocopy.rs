@@ -98,10 +98,9 @@ impl Drop for BlobMapping {
 /// [`source`] finds until the last `Bytes` sharing it is dropped; or a heap
 /// copy when `len` is under [`MIN_MAPPED_BYTES`] or [`MAX_MAPPINGS`] are
 /// alive. `file` must be a stored blob (never written again, see the module
-/// docs). Blocking. Fails unless the file is `len` bytes long.
+/// docs). Blocking. Fails if the file is shorter than `len`, or mapped and
+/// longer.
 pub fn load_blob(file: File, len: u64) -> io::Result<Bytes> {
-    let actual = file.metadata()?.len();
-    check_length(actual, len)?;
     let mapping_slot = len >= MIN_MAPPED_BYTES
         && LIVE_MAPPINGS
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
@@ -126,13 +125,13 @@ fn heap_copy(source: impl Read, len: u64) -> io::Result<Bytes> {
 /// Maps `file` read-only with its pages read in; the caller holds a slot of
 /// [`LIVE_MAPPINGS`], which the mapping releases when dropped.
 fn map_blob(file: File, len: u64) -> io::Result<Bytes> {
-    let len = usize::try_from(len).map_err(io::Error::other)?;
-    // SAFETY: `file` is a stored blob of `len` bytes, which nothing writes
-    // or truncates once stored (module docs), so the mapped bytes neither
-    // change under the `&[u8]` the mapping hands out nor vanish (SIGBUS).
-    // `populate` reads the pages in now, so the load, not the first
-    // download, waits for the disk.
-    let map = unsafe { MmapOptions::new().len(len).populate().map(&file)? };
+    // SAFETY: `file` is a stored blob, which nothing writes or truncates
+    // once stored (module docs), so the mapped bytes neither change under
+    // the `&[u8]` the mapping hands out nor vanish (SIGBUS). The mapping
+    // spans the file's own length; `populate` reads the pages in now, so
+    // the load, not the first download, waits for the disk.
+    let map = unsafe { MmapOptions::new().populate().map(&file)? };
+    check_length(map.len() as u64, len)?;
     let file = Arc::new(OwnedFd::from(file));
     MAPPINGS
         .write()
@@ -173,8 +172,9 @@ pub fn source(buf: &[u8]) -> Option<FileSlice> {
     })
 }
 
-/// A stored-blob stand-in for tests: `data` in a read-only temporary file,
-/// loaded as the cache loads a blob.
+/// A stored-blob stand-in for tests: `data` in an unnamed temporary file
+/// (which nothing else can open, so nothing writes it), loaded as the cache
+/// loads a blob.
 #[cfg(test)]
 pub(crate) fn load_test_blob(data: &[u8]) -> Bytes {
     use std::io::{Seek, Write};

@@ -141,8 +141,8 @@ impl BlobStore {
     }
 
     /// Makes `temp` durable and read-only as the blob `digest` (mode
-    /// `0400`, fsync, rename, directory fsync). An existing blob with that digest has the same bytes and is
-    /// kept. Blocking.
+    /// `0400`, fsync, rename, directory fsync). An existing blob with that
+    /// digest has the same bytes and is kept. Blocking.
     pub fn persist(&self, temp: TempBlob, digest: &str) -> io::Result<PathBuf> {
         let target = self.path(digest)?;
         let parent = target.parent().ok_or_else(|| bad_digest(digest))?;
