@@ -14,6 +14,7 @@ mod budget;
 mod canonical;
 mod context_layout;
 mod error;
+mod inflate;
 mod limits;
 mod manifest;
 mod pack;

@@ -12,7 +12,7 @@
 //! `std::io` plumbing is turned back into the precise [`BundleError`].
 
 use std::cell::RefCell;
-use std::io::{self, BufRead, Read};
+use std::io::{self, Read};
 use std::rc::Rc;
 
 use super::error::BundleError;
@@ -687,14 +687,5 @@ impl<R: Read> Read for MemberData<'_, R> {
         w.pos += n as u64;
         w.remaining -= n as u64;
         Ok(n)
-    }
-}
-
-/// Checks that nothing follows the gzip member in the compressed input.
-pub(crate) fn ensure_no_trailing<B: BufRead>(src: &mut B, trap: &Trap) -> Result<(), BundleError> {
-    match src.fill_buf() {
-        Ok([]) => Ok(()),
-        Ok(_) => Err(BundleError::TrailingGarbage),
-        Err(e) => Err(untrap(trap, e)),
     }
 }

@@ -3,7 +3,8 @@
 //! one pass from the upload to the canonical bundle, with bounded memory.
 //!
 //! The input chain is `R` → compressed counter → gzip decoder → inflated
-//! counter → tar walker, on the calling thread. Accepted file contents go
+//! counter → tar walker, on the calling thread but for the decoder, which
+//! inflates on a helper thread (`inflate`) so that parsing does not wait for it. Accepted file contents go
 //! to an unnamed, LZ4-compressed spool file. While members arrive in canonical order (as
 //! `contextctl bundle pack` and `tar --sort=name` write them) the
 //! canonical tar is also produced *speculatively* on the fly; the first
@@ -32,8 +33,6 @@ use std::path::Path;
 use std::rc::Rc;
 use std::thread::{Scope, ScopedJoinHandle};
 
-use flate2::bufread::GzDecoder;
-
 pub use engine::BundleOut;
 
 use engine::{start_hasher, Dest, Engine, Forward, PieceBuf, Written};
@@ -43,11 +42,10 @@ use writer::{hex, AppendError, CanonicalTar, CHUNK};
 use super::budget::Charge;
 use super::context_layout;
 use super::error::BundleError;
+use super::inflate::{ParallelGz, Unfinished};
 use super::limits::{CanonicalOptions, Limits};
 use super::path::CanonPath;
-use super::reader::{
-    ensure_no_trailing, trip, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap,
-};
+use super::reader::{trip, untrap, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap};
 use super::report::{Inspection, Report};
 use super::spool::{RangeReader, Spool};
 use super::tree::{FileNode, Node, Tree};
@@ -258,7 +256,7 @@ fn walk<'scope, R: Read>(
         let raw = raw.clone();
         compressed = compressed.with_tap(Box::new(move |b| raw.borrow_mut().feed(b)));
     }
-    let decoder = GzDecoder::new(BufReader::with_capacity(CHUNK, compressed));
+    let decoder = ParallelGz::start(s, compressed).map_err(storage)?;
     let mut counter = InflateCounter::new(decoder, limits.inflated_bytes, trap.clone());
     if let Some(c) = &compare {
         let c = c.clone();
@@ -375,9 +373,11 @@ fn walk<'scope, R: Read>(
     // The tar ended cleanly; the gzip member must end here too.
     let counter = walker.into_inner().into_inner();
     let inflated_bytes = counter.count();
-    let mut gz_in = counter.into_inner().into_inner();
-    ensure_no_trailing(&mut gz_in, &trap)?;
-    let compressed_bytes = gz_in.get_ref().count();
+    let compressed_bytes = match counter.into_inner().finish() {
+        Ok(input) => input.count(),
+        Err(Unfinished::Trailing) => return Err(BundleError::TrailingGarbage),
+        Err(Unfinished::Input(e)) => return Err(untrap(&trap, e)),
+    };
 
     let spool = spool.finish().map_err(storage)?;
     let mut open = |_: &str, f: &FileNode| -> Result<Box<dyn Read + '_>, BundleError> {

@@ -1,0 +1,466 @@
+//! Gzip inflation on a helper thread, so that inflating and parsing an
+//! upload share the machine's cores instead of taking turns.
+//!
+//! The input is still read on the caller's thread: its counter, its tap and
+//! its errors stay where they were, and the helper only ever sees bytes
+//! already in memory. So the helper ends as soon as the caller drops its
+//! side, whatever the input (a stalled HTTP body, say) is doing.
+//!
+//! The two sides trade messages over bounded channels: the caller sends
+//! compressed chunks ([`DEPTH`] to start with, then one for each the helper
+//! takes) and the helper sends inflated chunks back, at most [`AHEAD`]
+//! ahead of the caller. So a bomb never runs more than that far ahead of
+//! the limits the caller enforces on what it reads, and an input error
+//! surfaces exactly where a decoder reading in line would have hit it:
+//! once the bytes read before it are used up.
+
+use std::io::{self, BufRead, Read};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+use std::thread::Scope;
+
+use flate2::bufread::GzDecoder;
+
+/// Compressed bytes per chunk sent to the helper.
+const IN_CHUNK: usize = 64 * 1024;
+/// Inflated bytes per chunk sent back.
+const OUT_CHUNK: usize = 256 * 1024;
+/// Compressed chunks queued for the helper.
+const DEPTH: usize = 2;
+/// Messages (mostly inflated chunks) the helper may queue ahead of the
+/// caller.
+const AHEAD: usize = 4;
+
+/// From the caller to the helper. A closed channel is the end of input.
+enum In {
+    /// Compressed bytes (never empty).
+    Chunk(Vec<u8>),
+    /// Reading the input failed; nothing follows.
+    Failed,
+}
+
+/// From the helper to the caller, in stream order.
+enum Out {
+    /// Inflated bytes.
+    Data(Vec<u8>),
+    /// The helper took a compressed chunk: send another. Carries the
+    /// previous chunk's buffer, for reuse.
+    Want(Vec<u8>),
+    /// The decoder failed (or ran into the input's failure); nothing
+    /// follows.
+    Failed(io::Error),
+    /// The gzip member ended; nothing follows.
+    End {
+        /// Compressed chunks the helper took.
+        took: usize,
+        /// Whether bytes of the last chunk taken follow the member.
+        leftover: bool,
+    },
+}
+
+/// The caller's side: reads as the inflated stream.
+pub(crate) struct ParallelGz<R> {
+    input: R,
+    /// `None` once the end of input (or its failure) was sent.
+    to_helper: Option<SyncSender<In>>,
+    from_helper: Receiver<Out>,
+    /// Spent inflated buffers, back to the helper.
+    free: Sender<Vec<u8>>,
+    cur: Vec<u8>,
+    pos: usize,
+    primed: bool,
+    /// Compressed chunks sent.
+    sent: usize,
+    /// A chunk was read that the helper, done, could not take.
+    unsent: bool,
+    /// The input's error, for when the helper runs into it.
+    input_failed: Option<io::Error>,
+    end: Option<(usize, bool)>,
+    failed: bool,
+}
+
+impl<R: Read> ParallelGz<R> {
+    /// Starts the helper thread in `s`; `input` is the gzip stream.
+    pub(crate) fn start<'scope>(s: &'scope Scope<'scope, '_>, input: R) -> io::Result<Self> {
+        let (to_helper, chunks) = sync_channel::<In>(DEPTH);
+        let (out, from_helper) = sync_channel::<Out>(AHEAD);
+        let (free, spare) = channel::<Vec<u8>>();
+        std::thread::Builder::new()
+            .name("bundle-inflate".into())
+            .spawn_scoped(s, move || inflate(chunks, out, spare))?;
+        Ok(Self {
+            input,
+            to_helper: Some(to_helper),
+            from_helper,
+            free,
+            cur: Vec::new(),
+            pos: 0,
+            primed: false,
+            sent: 0,
+            unsent: false,
+            input_failed: None,
+            end: None,
+            failed: false,
+        })
+    }
+
+    /// After the inflated stream ended: checks that nothing follows the
+    /// gzip member in the input, and returns the input.
+    pub(crate) fn finish(mut self) -> Result<R, Unfinished> {
+        let Some((took, leftover)) = self.end else {
+            return Err(Unfinished::Trailing);
+        };
+        // Every chunk sent holds at least one byte.
+        if leftover || took < self.sent || self.unsent {
+            return Err(Unfinished::Trailing);
+        }
+        if let Some(e) = self.input_failed.take() {
+            return Err(Unfinished::Input(e));
+        }
+        if self.to_helper.is_some() {
+            let mut probe = [0u8; 1];
+            loop {
+                match self.input.read(&mut probe) {
+                    Ok(0) => break,
+                    Ok(_) => return Err(Unfinished::Trailing),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(Unfinished::Input(e)),
+                }
+            }
+        }
+        Ok(self.input)
+    }
+
+    /// Sends the helper the next chunk of input (in `buf`), or the end of
+    /// input, or its failure.
+    fn feed(&mut self, mut buf: Vec<u8>) -> io::Result<()> {
+        let Some(tx) = &self.to_helper else {
+            return Ok(());
+        };
+        buf.resize(IN_CHUNK, 0);
+        let read = loop {
+            match self.input.read(&mut buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => break other,
+            }
+        };
+        let msg = match read {
+            // Closing the channel is the end of input for the helper.
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some(In::Chunk(buf))
+            }
+            Err(e) => {
+                self.input_failed = Some(e);
+                Some(In::Failed)
+            }
+        };
+        let more = matches!(msg, Some(In::Chunk(_)));
+        if let Some(msg) = msg {
+            if tx.send(msg).is_err() {
+                // The helper is done: the member ended before these bytes
+                // (or the decoder failed, which it reports next).
+                self.unsent |= more;
+                self.to_helper = None;
+                return Ok(());
+            }
+        }
+        if more {
+            self.sent += 1;
+        } else {
+            self.to_helper = None;
+        }
+        Ok(())
+    }
+}
+
+/// Why [`ParallelGz::finish`] failed.
+#[derive(Debug)]
+pub(crate) enum Unfinished {
+    /// Bytes follow the gzip member.
+    Trailing,
+    /// Reading the input failed.
+    Input(io::Error),
+}
+
+impl<R: Read> Read for ParallelGz<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if self.pos < self.cur.len() {
+                let n = buf.len().min(self.cur.len() - self.pos);
+                buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+                self.pos += n;
+                return Ok(n);
+            }
+            if self.end.is_some() || buf.is_empty() {
+                return Ok(0);
+            }
+            if self.failed {
+                return Err(io::Error::other("the gzip stream already failed"));
+            }
+            if !self.primed {
+                self.primed = true;
+                for _ in 0..DEPTH {
+                    self.feed(Vec::new())?;
+                }
+            }
+            match self.from_helper.recv() {
+                Ok(Out::Data(data)) => {
+                    let spent = std::mem::replace(&mut self.cur, data);
+                    // The helper may be gone already; the buffer is then
+                    // simply dropped.
+                    let _ = self.free.send(spent);
+                    self.pos = 0;
+                }
+                Ok(Out::Want(spent)) => self.feed(spent)?,
+                Ok(Out::Failed(e)) => {
+                    self.failed = true;
+                    return Err(self.input_failed.take().unwrap_or(e));
+                }
+                Ok(Out::End { took, leftover }) => self.end = Some((took, leftover)),
+                Err(_) => {
+                    self.failed = true;
+                    return Err(helper_gone());
+                }
+            }
+        }
+    }
+}
+
+fn helper_gone() -> io::Error {
+    io::Error::other("the inflate thread stopped")
+}
+
+/// The helper's input: compressed chunks as they arrive.
+struct Chunks {
+    rx: Receiver<In>,
+    out: SyncSender<Out>,
+    cur: Vec<u8>,
+    pos: usize,
+    took: usize,
+    ended: bool,
+}
+
+impl Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let avail = self.fill_buf()?;
+        let n = avail.len().min(buf.len());
+        buf[..n].copy_from_slice(&avail[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl BufRead for Chunks {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        if self.pos == self.cur.len() && !self.ended {
+            match self.rx.recv() {
+                Ok(In::Chunk(chunk)) => {
+                    let spent = std::mem::replace(&mut self.cur, chunk);
+                    self.pos = 0;
+                    self.took += 1;
+                    if self.out.send(Out::Want(spent)).is_err() {
+                        return Err(helper_gone());
+                    }
+                }
+                // The caller holds the real error and reports it instead.
+                Ok(In::Failed) => return Err(io::Error::other("the input failed")),
+                Err(_) => self.ended = true,
+            }
+        }
+        Ok(&self.cur[self.pos..])
+    }
+
+    fn consume(&mut self, amt: usize) {
+        self.pos = (self.pos + amt).min(self.cur.len());
+    }
+}
+
+/// The helper thread: inflates until the member ends, the decoder fails,
+/// or the caller goes away.
+fn inflate(chunks: Receiver<In>, out: SyncSender<Out>, spare: Receiver<Vec<u8>>) {
+    let src = Chunks {
+        rx: chunks,
+        out: out.clone(),
+        cur: Vec::new(),
+        pos: 0,
+        took: 0,
+        ended: false,
+    };
+    let mut gz = GzDecoder::new(src);
+    loop {
+        let mut buf = spare.try_recv().unwrap_or_default();
+        buf.resize(OUT_CHUNK, 0);
+        let mut n = 0;
+        let mut failure = None;
+        while n < buf.len() {
+            match gz.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let full = n == buf.len();
+        buf.truncate(n);
+        if n > 0 && out.send(Out::Data(buf)).is_err() {
+            return;
+        }
+        let last = match failure {
+            Some(e) => Out::Failed(e),
+            None if full => continue,
+            None => {
+                let src = gz.get_ref();
+                Out::End {
+                    took: src.took,
+                    leftover: src.pos < src.cur.len(),
+                }
+            }
+        };
+        let _ = out.send(last);
+        return;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flate2::write::GzEncoder;
+    use flate2::Compression;
+    use std::io::Write;
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut e = GzEncoder::new(Vec::new(), Compression::fast());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn inflate_all(input: &[u8]) -> (io::Result<Vec<u8>>, Option<Result<usize, bool>>) {
+        std::thread::scope(|s| {
+            let mut gz = ParallelGz::start(s, input).unwrap();
+            let mut out = Vec::new();
+            let res = gz.read_to_end(&mut out).map(|_| out);
+            let fin = res.is_ok().then(|| match gz.finish() {
+                Ok(rest) => Ok(rest.len()),
+                Err(Unfinished::Trailing) => Err(true),
+                Err(Unfinished::Input(_)) => Err(false),
+            });
+            (res, fin)
+        })
+    }
+
+    #[test]
+    fn inflates_what_a_decoder_in_line_would() {
+        for len in [0, 1, IN_CHUNK, OUT_CHUNK, 3 * OUT_CHUNK + 7, 5 << 20] {
+            let mut data = crate::bundle::noise(len / 2);
+            data.extend(std::iter::repeat_n(b'x', len - len / 2));
+            let (out, fin) = inflate_all(&gzip(&data));
+            assert_eq!(out.unwrap(), data, "length {len}");
+            assert_eq!(fin, Some(Ok(0)), "length {len}");
+        }
+    }
+
+    #[test]
+    fn bytes_after_the_member_are_trailing() {
+        for extra in [1, IN_CHUNK, 3 * IN_CHUNK + 1] {
+            let mut input = gzip(&crate::bundle::noise(200_000));
+            input.extend(std::iter::repeat_n(7u8, extra));
+            let (out, fin) = inflate_all(&input);
+            assert_eq!(out.unwrap().len(), 200_000);
+            assert_eq!(fin, Some(Err(true)), "{extra} trailing bytes");
+        }
+    }
+
+    #[test]
+    fn a_cut_member_is_unexpected_eof_and_corruption_is_an_error() {
+        let input = gzip(&crate::bundle::noise(300_000));
+        let (out, _) = inflate_all(&input[..input.len() - 10]);
+        assert_eq!(out.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+        let mut bad = input.clone();
+        bad[20] ^= 0xff;
+        bad[21] ^= 0xff;
+        let (out, _) = inflate_all(&bad);
+        assert!(out.is_err());
+    }
+
+    /// An input that fails after `ok` bytes.
+    struct Failing<'a> {
+        data: &'a [u8],
+        ok: usize,
+    }
+
+    impl Read for Failing<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.ok == 0 {
+                return Err(io::Error::other("input broke"));
+            }
+            let n = buf.len().min(self.ok).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            self.ok -= n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn an_input_error_surfaces_after_the_bytes_read_before_it() {
+        let data = crate::bundle::noise(1 << 20);
+        let input = gzip(&data);
+        let ok = input.len() / 2;
+        std::thread::scope(|s| {
+            let mut gz = ParallelGz::start(s, Failing { data: &input, ok }).unwrap();
+            let mut out = Vec::new();
+            let err = gz.read_to_end(&mut out).unwrap_err();
+            assert_eq!(err.to_string(), "input broke");
+            // Everything inflatable from the bytes before the failure
+            // came out first.
+            assert!(out.len() > data.len() / 3, "{} bytes", out.len());
+            assert_eq!(out[..], data[..out.len()]);
+        });
+    }
+
+    /// Counts what is read through it.
+    struct Counted<R> {
+        inner: R,
+        read: usize,
+    }
+
+    impl<R: Read> Read for Counted<R> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.read += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn reads_a_bounded_amount_ahead_of_the_reader() {
+        // An endless gzip stream of zeros: a reader in line would read a
+        // chunk or two of it; the helper may hold only a few more.
+        let endless = flate2::read::GzEncoder::new(io::repeat(0), Compression::fast());
+        std::thread::scope(|s| {
+            let mut gz = ParallelGz::start(
+                s,
+                Counted {
+                    inner: endless,
+                    read: 0,
+                },
+            )
+            .unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            gz.read_exact(&mut buf).unwrap();
+            assert!(buf.iter().all(|b| *b == 0));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(
+                gz.input.read <= (DEPTH + 2) * IN_CHUNK,
+                "{} compressed bytes read for 1 MiB",
+                gz.input.read
+            );
+            // Dropping the reader ends the helper (else the scope hangs).
+            drop(gz);
+        });
+    }
+}
