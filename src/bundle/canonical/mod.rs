@@ -28,7 +28,7 @@ pub(crate) mod writer;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, Read};
 use std::path::Path;
 use std::rc::Rc;
 use std::thread::{Scope, ScopedJoinHandle};
@@ -265,8 +265,8 @@ fn walk<'scope, R: Read>(
             Ok(())
         }));
     }
-    let inflated = BufReader::with_capacity(CHUNK, counter);
-    let mut walker = TarWalker::new(inflated, limits, trap.clone());
+    // No buffer between: the helper's chunks already are one.
+    let mut walker = TarWalker::new(counter, limits, trap.clone());
     let mut spool = Spool::new(temp_dir, charge.clone()).map_err(storage)?;
 
     let (tx, hash) = start_hasher(s).map_err(storage)?;
@@ -371,7 +371,7 @@ fn walk<'scope, R: Read>(
     }
 
     // The tar ended cleanly; the gzip member must end here too.
-    let counter = walker.into_inner().into_inner();
+    let counter = walker.into_inner();
     let inflated_bytes = counter.count();
     let compressed_bytes = match counter.into_inner().finish() {
         Ok(input) => input.count(),
