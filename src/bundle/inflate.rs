@@ -20,8 +20,9 @@ use std::thread::Scope;
 
 use flate2::bufread::GzDecoder;
 
-/// Compressed bytes per chunk sent to the helper.
-const IN_CHUNK: usize = 64 * 1024;
+/// Compressed bytes per chunk sent to the helper: each is one read of the
+/// input, which for an upload is a hop into the async runtime, so not small.
+const IN_CHUNK: usize = 256 * 1024;
 /// Inflated bytes per chunk sent back.
 const OUT_CHUNK: usize = 256 * 1024;
 /// Compressed chunks queued for the helper.
