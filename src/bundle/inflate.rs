@@ -20,6 +20,9 @@ use std::thread::Scope;
 
 use flate2::bufread::GzDecoder;
 
+use super::error::BundleError;
+use super::reader::{untrap, Trap};
+
 /// Compressed bytes per chunk sent to the helper: each is one read of the
 /// input, which for an upload is a hop into the async runtime, so not small.
 const IN_CHUNK: usize = 256 * 1024;
@@ -68,19 +71,17 @@ pub(crate) struct ParallelGz<R> {
     free: Sender<Vec<u8>>,
     cur: Vec<u8>,
     pos: usize,
-    primed: bool,
-    /// Compressed chunks sent.
-    sent: usize,
-    /// A chunk was read that the helper, done, could not take.
-    unsent: bool,
+    /// Compressed chunks read from the input (all of them non-empty).
+    read: usize,
     /// The input's error, for when the helper runs into it.
     input_failed: Option<io::Error>,
-    end: Option<(usize, bool)>,
-    failed: bool,
+    /// Once the member ended: whether input bytes follow it.
+    trailing: Option<bool>,
 }
 
 impl<R: Read> ParallelGz<R> {
-    /// Starts the helper thread in `s`; `input` is the gzip stream.
+    /// Starts the helper thread in `s` and sends it the first chunks of
+    /// `input`, the gzip stream.
     pub(crate) fn start<'scope>(s: &'scope Scope<'scope, '_>, input: R) -> io::Result<Self> {
         let (to_helper, chunks) = sync_channel::<In>(DEPTH);
         let (out, from_helper) = sync_channel::<Out>(AHEAD);
@@ -88,44 +89,37 @@ impl<R: Read> ParallelGz<R> {
         std::thread::Builder::new()
             .name("bundle-inflate".into())
             .spawn_scoped(s, move || inflate(chunks, out, spare))?;
-        Ok(Self {
+        let mut gz = Self {
             input,
             to_helper: Some(to_helper),
             from_helper,
             free,
             cur: Vec::new(),
             pos: 0,
-            primed: false,
-            sent: 0,
-            unsent: false,
+            read: 0,
             input_failed: None,
-            end: None,
-            failed: false,
-        })
+            trailing: None,
+        };
+        for _ in 0..DEPTH {
+            gz.feed(Vec::new());
+        }
+        Ok(gz)
     }
 
     /// After the inflated stream ended: checks that nothing follows the
     /// gzip member in the input, and returns the input.
-    pub(crate) fn finish(mut self) -> Result<R, Unfinished> {
-        let Some((took, leftover)) = self.end else {
-            return Err(Unfinished::Trailing);
-        };
-        // Every chunk sent holds at least one byte.
-        if leftover || took < self.sent || self.unsent {
-            return Err(Unfinished::Trailing);
+    pub(crate) fn finish(mut self, trap: &Trap) -> Result<R, BundleError> {
+        if self.trailing != Some(false) {
+            return Err(BundleError::TrailingGarbage);
         }
         if let Some(e) = self.input_failed.take() {
-            return Err(Unfinished::Input(e));
+            return Err(untrap(trap, e));
         }
         if self.to_helper.is_some() {
-            let mut probe = [0u8; 1];
-            loop {
-                match self.input.read(&mut probe) {
-                    Ok(0) => break,
-                    Ok(_) => return Err(Unfinished::Trailing),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(Unfinished::Input(e)),
-                }
+            match self.input.by_ref().take(1).read_to_end(&mut Vec::new()) {
+                Ok(0) => {}
+                Ok(_) => return Err(BundleError::TrailingGarbage),
+                Err(e) => return Err(untrap(trap, e)),
             }
         }
         Ok(self.input)
@@ -133,9 +127,9 @@ impl<R: Read> ParallelGz<R> {
 
     /// Sends the helper the next chunk of input (in `buf`), or the end of
     /// input, or its failure.
-    fn feed(&mut self, mut buf: Vec<u8>) -> io::Result<()> {
+    fn feed(&mut self, mut buf: Vec<u8>) {
         let Some(tx) = &self.to_helper else {
-            return Ok(());
+            return;
         };
         buf.resize(IN_CHUNK, 0);
         let read = loop {
@@ -146,42 +140,28 @@ impl<R: Read> ParallelGz<R> {
         };
         let msg = match read {
             // Closing the channel is the end of input for the helper.
-            Ok(0) => None,
+            Ok(0) => {
+                self.to_helper = None;
+                return;
+            }
             Ok(n) => {
                 buf.truncate(n);
-                Some(In::Chunk(buf))
+                self.read += 1;
+                In::Chunk(buf)
             }
             Err(e) => {
                 self.input_failed = Some(e);
-                Some(In::Failed)
+                In::Failed
             }
         };
-        let more = matches!(msg, Some(In::Chunk(_)));
-        if let Some(msg) = msg {
-            if tx.send(msg).is_err() {
-                // The helper is done: the member ended before these bytes
-                // (or the decoder failed, which it reports next).
-                self.unsent |= more;
-                self.to_helper = None;
-                return Ok(());
-            }
-        }
-        if more {
-            self.sent += 1;
-        } else {
+        let last = matches!(msg, In::Failed);
+        // A send fails once the helper is done: the member ended before
+        // these bytes (counted as read, so trailing), or the decoder
+        // failed, which it reports next.
+        if tx.send(msg).is_err() || last {
             self.to_helper = None;
         }
-        Ok(())
     }
-}
-
-/// Why [`ParallelGz::finish`] failed.
-#[derive(Debug)]
-pub(crate) enum Unfinished {
-    /// Bytes follow the gzip member.
-    Trailing,
-    /// Reading the input failed.
-    Input(io::Error),
 }
 
 impl<R: Read> Read for ParallelGz<R> {
@@ -193,18 +173,11 @@ impl<R: Read> Read for ParallelGz<R> {
                 self.pos += n;
                 return Ok(n);
             }
-            if self.end.is_some() || buf.is_empty() {
+            if self.trailing.is_some() || buf.is_empty() {
                 return Ok(0);
             }
-            if self.failed {
-                return Err(io::Error::other("the gzip stream already failed"));
-            }
-            if !self.primed {
-                self.primed = true;
-                for _ in 0..DEPTH {
-                    self.feed(Vec::new())?;
-                }
-            }
+            // After `Failed` the helper is gone, so a further read ends in
+            // `Err` here rather than waiting.
             match self.from_helper.recv() {
                 Ok(Out::Data(data)) => {
                     let spent = std::mem::replace(&mut self.cur, data);
@@ -213,16 +186,13 @@ impl<R: Read> Read for ParallelGz<R> {
                     let _ = self.free.send(spent);
                     self.pos = 0;
                 }
-                Ok(Out::Want(spent)) => self.feed(spent)?,
-                Ok(Out::Failed(e)) => {
-                    self.failed = true;
-                    return Err(self.input_failed.take().unwrap_or(e));
+                Ok(Out::Want(spent)) => self.feed(spent),
+                Ok(Out::Failed(e)) => return Err(self.input_failed.take().unwrap_or(e)),
+                // Every `Want` before `End` was answered: `read` is final.
+                Ok(Out::End { took, leftover }) => {
+                    self.trailing = Some(leftover || took < self.read);
                 }
-                Ok(Out::End { took, leftover }) => self.end = Some((took, leftover)),
-                Err(_) => {
-                    self.failed = true;
-                    return Err(helper_gone());
-                }
+                Err(_) => return Err(helper_gone()),
             }
         }
     }
@@ -339,15 +309,17 @@ mod tests {
         e.finish().unwrap()
     }
 
-    fn inflate_all(input: &[u8]) -> (io::Result<Vec<u8>>, Option<Result<usize, bool>>) {
+    /// The inflated stream, and (when it ended) what `finish` said: the
+    /// input bytes left, or the error's code.
+    fn inflate_all(input: &[u8]) -> (io::Result<Vec<u8>>, Option<Result<usize, &'static str>>) {
         std::thread::scope(|s| {
             let mut gz = ParallelGz::start(s, input).unwrap();
             let mut out = Vec::new();
             let res = gz.read_to_end(&mut out).map(|_| out);
-            let fin = res.is_ok().then(|| match gz.finish() {
-                Ok(rest) => Ok(rest.len()),
-                Err(Unfinished::Trailing) => Err(true),
-                Err(Unfinished::Input(_)) => Err(false),
+            let fin = res.is_ok().then(|| {
+                gz.finish(&Trap::default())
+                    .map(|rest| rest.len())
+                    .map_err(|e| e.code())
             });
             (res, fin)
         })
@@ -371,7 +343,7 @@ mod tests {
             input.extend(std::iter::repeat_n(7u8, extra));
             let (out, fin) = inflate_all(&input);
             assert_eq!(out.unwrap().len(), 200_000);
-            assert_eq!(fin, Some(Err(true)), "{extra} trailing bytes");
+            assert_eq!(fin, Some(Err("trailing_garbage")), "{extra} trailing bytes");
         }
     }
 

@@ -4,8 +4,9 @@
 //!
 //! The input chain is `R` → compressed counter → gzip decoder → inflated
 //! counter → tar walker, on the calling thread but for the decoder, which
-//! inflates on a helper thread (`inflate`) so that parsing does not wait for it. Accepted file contents go
-//! to an unnamed, LZ4-compressed spool file. While members arrive in canonical order (as
+//! runs on a helper thread (`inflate`) so that parsing does not wait for
+//! it. Accepted file contents go to an unnamed, LZ4-compressed spool file.
+//! While members arrive in canonical order (as
 //! `contextctl bundle pack` and `tar --sort=name` write them) the
 //! canonical tar is also produced *speculatively* on the fly; the first
 //! out-of-order member abandons the speculation and the canonical archive
@@ -15,7 +16,7 @@
 //! The stored bundle is the upload itself when its inflated stream *is*
 //! the canonical tar (what `contextctl` sends; see `compare`), else the
 //! canonical gzip (`pgzip`), compressed by one worker per core while the
-//! calling thread inflates and parses, another thread hashes the revision
+//! calling thread parses, another thread hashes the revision
 //! and another writes the bundle (`engine`, `pipeline`). Large files are
 //! compressed as they arrive even when out of order.
 
@@ -42,10 +43,10 @@ use writer::{hex, AppendError, CanonicalTar, CHUNK};
 use super::budget::Charge;
 use super::context_layout;
 use super::error::BundleError;
-use super::inflate::{ParallelGz, Unfinished};
+use super::inflate::ParallelGz;
 use super::limits::{CanonicalOptions, Limits};
 use super::path::CanonPath;
-use super::reader::{trip, untrap, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap};
+use super::reader::{trip, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap};
 use super::report::{Inspection, Report};
 use super::spool::{RangeReader, Spool};
 use super::tree::{FileNode, Node, Tree};
@@ -373,11 +374,7 @@ fn walk<'scope, R: Read>(
     // The tar ended cleanly; the gzip member must end here too.
     let counter = walker.into_inner();
     let inflated_bytes = counter.count();
-    let compressed_bytes = match counter.into_inner().finish() {
-        Ok(input) => input.count(),
-        Err(Unfinished::Trailing) => return Err(BundleError::TrailingGarbage),
-        Err(Unfinished::Input(e)) => return Err(untrap(&trap, e)),
-    };
+    let compressed_bytes = counter.into_inner().finish(&trap)?.count();
 
     let spool = spool.finish().map_err(storage)?;
     let mut open = |_: &str, f: &FileNode| -> Result<Box<dyn Read + '_>, BundleError> {
