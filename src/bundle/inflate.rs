@@ -318,7 +318,7 @@ mod tests {
             let res = gz.read_to_end(&mut out).map(|_| out);
             let fin = res.is_ok().then(|| {
                 gz.finish(&Trap::default())
-                    .map(|rest| rest.len())
+                    .map(<[u8]>::len)
                     .map_err(|e| e.code())
             });
             (res, fin)
