@@ -284,6 +284,14 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_MAX_CONNECTIONS_PER_IP", default_value_t = 128)]
     pub max_connections_per_ip: usize,
 
+    /// Most threads of the blocking pool, where store calls, file reads and
+    /// running uploads (one thread each) wait; work beyond it queues rather
+    /// than starting a thread per waiting request. At least
+    /// `--upload-max-concurrent` + 16, so that running uploads leave room.
+    #[arg(long, env = "CS_MAX_BLOCKING_THREADS", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_blocking_threads: u32,
+
     /// Requests served on one keep-alive connection before it is closed
     /// (0: no limit).
     #[arg(long, env = "CS_MAX_REQUESTS_PER_CONNECTION", default_value_t = 1000)]

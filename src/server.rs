@@ -149,6 +149,20 @@ impl Server {
     }
 }
 
+/// Blocking-pool threads kept beyond the running uploads' (one each), for
+/// store calls and file reads.
+pub const BLOCKING_THREADS_BESIDE_UPLOADS: u32 = 16;
+
+/// The runtime `serve` runs on: tokio's multi-thread scheduler, a worker per
+/// core, with the blocking pool capped at `--max-blocking-threads` (tokio's
+/// own default, 512, would let a burst of requests start a thread each).
+pub fn runtime(config: &ServeConfig) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(config.max_blocking_threads.max(1) as usize)
+        .build()
+}
+
 /// Refuses limits that would make the service unusable.
 fn check_limits(config: &ServeConfig) -> anyhow::Result<()> {
     let timeouts = [
@@ -162,6 +176,16 @@ fn check_limits(config: &ServeConfig) -> anyhow::Result<()> {
     anyhow::ensure!(
         config.max_connections > 0,
         "--max-connections must be at least 1"
+    );
+    let needed = config
+        .upload_max_concurrent
+        .saturating_add(BLOCKING_THREADS_BESIDE_UPLOADS);
+    anyhow::ensure!(
+        config.max_blocking_threads >= needed,
+        "--max-blocking-threads ({}) must be at least --upload-max-concurrent ({}) + {BLOCKING_THREADS_BESIDE_UPLOADS}: \
+         each running upload holds a blocking thread, and store calls need the rest",
+        config.max_blocking_threads,
+        config.upload_max_concurrent
     );
     Ok(())
 }
@@ -236,6 +260,38 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runtime_runs_at_most_max_blocking_threads_blocking_tasks_at_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let mut config = ServeConfig::with_defaults(
+            std::env::temp_dir(),
+            "127.0.0.1:0".parse().expect("an address"),
+        );
+        config.max_blocking_threads = 3;
+        let runtime = runtime(&config).unwrap();
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        runtime.block_on(async {
+            let tasks: Vec<_> = (0..24)
+                .map(|_| {
+                    let (running, most) = (running.clone(), most.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(20));
+                        running.fetch_sub(1, Ordering::SeqCst);
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+        });
+        // Queued, not refused: all 24 ran, never more than 3 at once.
+        assert_eq!(most.load(Ordering::SeqCst), 3);
+    }
 
     #[test]
     fn the_connection_cap_fits_the_open_file_limit() {

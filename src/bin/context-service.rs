@@ -45,7 +45,7 @@ fn main() -> ExitCode {
         Command::Migrate(config) => context_service::migrate::run_cli(&config),
         Command::Serve(config) => {
             telemetry::init(config.log_format);
-            let result = tokio::runtime::Runtime::new()
+            let result = context_service::server::runtime(&config)
                 .map_err(anyhow::Error::from)
                 .and_then(|runtime| {
                     let served = runtime.block_on(serve(config));

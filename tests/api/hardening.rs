@@ -481,6 +481,29 @@ async fn zero_timeouts_and_caps_are_refused_at_start() {
 }
 
 #[tokio::test]
+async fn a_blocking_pool_the_running_uploads_would_fill_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut config = ServeConfig::with_defaults(dir.path().to_owned(), listen);
+    config.upload_max_concurrent = 60;
+    config.max_blocking_threads = 75;
+    let err = context_service::server::Server::bind(&config)
+        .await
+        .err()
+        .expect("a blocking pool of 75 threads for 60 uploads is accepted");
+    assert_eq!(
+        err.to_string(),
+        "--max-blocking-threads (75) must be at least --upload-max-concurrent (60) + 16: \
+         each running upload holds a blocking thread, and store calls need the rest"
+    );
+    // One more thread is enough.
+    config.max_blocking_threads = 76;
+    context_service::server::Server::bind(&config)
+        .await
+        .expect("76 threads for 60 uploads");
+}
+
+#[tokio::test]
 async fn undecodable_paths_unknown_routes_and_methods_answer_json() {
     let server = TestServer::start().await;
     let alice = server.user_token("alice");
