@@ -423,6 +423,45 @@ async fn warm_pool_claims_bind_warm_sandboxes_and_release_them() {
     .await;
 }
 
+/// A finished warm pool whose caches hold it whole is deleted by its claims'
+/// names (the test above); one whose caches also show a claim beyond its
+/// replica count (left, say, by a create they never saw finish) is deleted
+/// by its labels, so that claim goes too. The rbac check maps the claims'
+/// `deletecollection` grant here.
+#[tokio::test]
+async fn a_warm_pool_with_a_claim_beyond_its_replicas_is_deleted_by_its_labels() {
+    with_env("e2e-warm-extra", |env| async move {
+        env.warm_pool("wp", "tpl", 1).await?;
+        env.create_pool(&json!({"name": "odd", "replicas": 1, "warmPoolRef": "wp"}))
+            .await?;
+        let (pool, _) = env.wait_pool("odd", timeout()).await?;
+        assert_eq!(pool.status, "ready", "{pool:#?}");
+        // On a warm pool that does not exist, so nothing adopts for it.
+        let extra: SandboxClaim = serde_json::from_value(json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "kind": "SandboxClaim",
+            "metadata": {
+                "name": "claim-odd-5",
+                "labels": {
+                    "context.rossoctl.io/pool": "odd",
+                    "app.kubernetes.io/managed-by": "context-service",
+                },
+            },
+            "spec": {"warmPoolRef": {"name": "none"}},
+        }))?;
+        env.api::<SandboxClaim>()
+            .create(&PostParams::default(), &extra)
+            .await?;
+        // The service's claim watch sees it within milliseconds here.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        env.delete_pool("odd").await?;
+        env.wait_pool_objects_gone("odd").await?;
+        assert!(env.dyn_names(&claims(), &selector("odd")).await?.is_empty());
+        Ok(())
+    })
+    .await;
+}
+
 /// A pool that can never become ready: its warm pool disappears after the
 /// create was accepted. The long poll answers `failed` at once (not at its
 /// timeout) and the reason is the claims' `WarmPoolNotFound`.

@@ -24,7 +24,6 @@ use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 use super::binding::BindingModes;
 use super::crd::{Sandbox, SandboxClaim};
-use super::delete::{kinds_of, ALL_KINDS};
 use super::objects;
 use super::settings::KubeSettings;
 use super::status;
@@ -319,7 +318,11 @@ impl KubeBackend {
 
     /// Deletes the objects `names` of one kind, [`DELETES_IN_FLIGHT`] at a
     /// time; the first failure is the answer.
-    async fn delete_all(&self, kind: Kind, names: Vec<String>) -> Result<(), BackendError> {
+    pub(super) async fn delete_all(
+        &self,
+        kind: Kind,
+        names: Vec<String>,
+    ) -> Result<(), BackendError> {
         futures::stream::iter(names)
             .map(|object| async move { self.delete_one(kind, &object).await })
             .buffer_unordered(DELETES_IN_FLIGHT)
@@ -415,13 +418,7 @@ impl SandboxBackend for KubeBackend {
     }
 
     async fn delete_pool(&self, name: &str) -> Result<bool, BackendError> {
-        // The kinds the pool's strategy makes, as the caches know it; all
-        // three for a pool they have not seen.
-        let kinds = match self.get_pool(name).await {
-            Ok(Some(pool)) => kinds_of(&pool.strategy),
-            _ => ALL_KINDS,
-        };
-        let deleted = self.delete_pool_objects(name, kinds).await?;
+        let deleted = self.delete_pool_members(name).await?;
         if deleted.is_empty() {
             return Ok(false);
         }

@@ -1,8 +1,10 @@
-//! Deleting a whole pool: one `deletecollection` per kind of object its
-//! strategy makes, by the pool's managed labels, the kinds at once. The API
-//! server selects the objects itself, so a delete is one round trip (no
-//! list first) and still catches members the watch caches have not seen
-//! yet (made a moment ago, or by another replica).
+//! Deleting a whole pool. A finished warm pool that the watch caches hold
+//! whole goes by its claims' names; any other pool by one
+//! `deletecollection` per kind of object its strategy makes, by the pool's
+//! managed labels, the kinds at once. The API server then selects the
+//! objects itself, so a delete is one round trip (no list first) and still
+//! catches members the watch caches have not seen yet (made a moment ago,
+//! or by another replica).
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{DeleteParams, ListParams};
@@ -15,12 +17,13 @@ use crate::pool::BackendError;
 use super::backend::{background, is_not_found, Deleted, KubeBackend};
 use super::crd::{Sandbox, SandboxClaim};
 use super::objects;
+use super::status;
 use super::watch::Kind;
 
 /// The kinds of object a create of `strategy` makes: claims for warm
 /// pools, Sandboxes for an existing claim, Sandboxes and PVCs for managed
 /// workspaces.
-pub(super) fn kinds_of(strategy: &Strategy) -> &'static [Kind] {
+fn kinds_of(strategy: &Strategy) -> &'static [Kind] {
     match strategy {
         Strategy::Warm { .. } => &[Kind::Claim],
         Strategy::Existing { .. } => &[Kind::Sandbox],
@@ -29,9 +32,43 @@ pub(super) fn kinds_of(strategy: &Strategy) -> &'static [Kind] {
 }
 
 /// Every kind: for a pool the caches do not know (yet).
-pub(super) const ALL_KINDS: &[Kind] = &[Kind::Claim, Kind::Sandbox, Kind::Pvc];
+const ALL_KINDS: &[Kind] = &[Kind::Claim, Kind::Sandbox, Kind::Pvc];
 
 impl KubeBackend {
+    /// Deletes the managed objects of pool `name`. A finished warm pool the
+    /// caches hold whole goes by its claims' names, one `DELETE` each, at
+    /// once: under load the API server takes several times as long for a
+    /// `deletecollection` (a consistent list, then the same deletes) as for
+    /// a `DELETE` by name. Any other pool goes by selector, the kinds its
+    /// strategy makes as the caches know it (all three for a pool they do
+    /// not know, or cannot answer for), so members the caches have not
+    /// seen yet are caught too.
+    pub(super) async fn delete_pool_members(&self, name: &str) -> Result<Deleted, BackendError> {
+        let known = self.synced_caches().await.ok().and_then(|caches| {
+            let objects = caches.pool_objects(name);
+            let pool = status::pool_status(name, &objects, self.creating.contains(name))?;
+            let by_name = match pool.strategy {
+                Strategy::Warm { .. } if !self.creating.contains(name) => {
+                    status::finished_claims(name, &objects, pool.replicas)
+                }
+                _ => None,
+            };
+            Some((pool.strategy, by_name))
+        });
+        match known {
+            Some((_, Some(claims))) => {
+                let deleted = Deleted {
+                    claims: claims.len(),
+                    ..Deleted::default()
+                };
+                self.delete_all(Kind::Claim, claims).await?;
+                Ok(deleted)
+            }
+            Some((strategy, None)) => self.delete_pool_objects(name, kinds_of(&strategy)).await,
+            None => self.delete_pool_objects(name, ALL_KINDS).await,
+        }
+    }
+
     /// Deletes the managed objects of pool `name` of the `kinds` given, the
     /// kinds at once; answers how many of each there were. The selector has
     /// our pool and managed-by labels: never the caller's existing claim,

@@ -16,11 +16,12 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tower_test::mock;
 
-use super::{KubeBackend, KubeSettings};
+use super::{status, KubeBackend, KubeSettings};
 use crate::pool::model::Member;
 use crate::pool::model::{
     AccessMode, ContextPhase, ContextSpec, ContextType, PoolPhase, PoolSpec, Strategy,
 };
+use crate::pool::names;
 use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 const NS: &str = "pools";
@@ -1232,8 +1233,8 @@ async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool(
         .await
         .expect("dedicated pool");
 
-    // One `deletecollection` by the pool's managed labels per kind its
-    // strategy makes (as the caches know it), the kinds at once.
+    // Other pools: one `deletecollection` by the pool's managed labels per
+    // kind its strategy makes (as the caches know it), the kinds at once.
     let deleting = |name: &'static str| {
         let (fake, backend) = (&fake, &backend);
         async move {
@@ -1257,10 +1258,6 @@ async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool(
     };
     let (lines, _) = deleting("readers").await;
     assert_eq!(lines, ["DELETE sandboxes"]);
-    let (lines, deletes) = deleting("fast").await;
-    assert_eq!(lines, ["DELETE sandboxclaims"]);
-    // Claims go in the foreground, as upstream.
-    assert_eq!(deletes[0].body["propagationPolicy"], "Foreground");
     let (lines, deletes) = deleting("review").await;
     assert_eq!(lines, ["DELETE persistentvolumeclaims", "DELETE sandboxes"]);
     assert!(deletes
@@ -1269,10 +1266,129 @@ async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool(
     assert_eq!(fake.names(PVCS), ["prepared"]);
     assert_eq!(fake.names(WARM_POOLS), ["agents"]);
     assert!(fake.names(SANDBOXES).is_empty());
+    // A finished warm pool goes by its claims' names (see
+    // `a_finished_warm_pool_the_caches_hold_whole_is_deleted_by_claim_names`).
+    assert_eq!(fake.names(CLAIMS), ["claim-fast-0"]);
+    until_finished(&backend, "fast", 1).await;
+    assert!(backend.delete_pool("fast").await.expect("delete"));
     assert!(fake.names(CLAIMS).is_empty());
 
     // Idempotent: nothing left is not an error.
     assert!(!backend.delete_pool("readers").await.expect("second delete"));
+}
+
+/// A claim of warm pool `pool` at `index` with the create mark `mark`
+/// (`pending`, or a finish time for done), as a create makes it.
+fn pool_claim(pool: &str, index: u32, mark: &str) -> Value {
+    json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+        "kind": "SandboxClaim",
+        "metadata": {
+            "name": names::claim(pool, index),
+            "labels": {
+                names::POOL_LABEL: pool,
+                names::MANAGED_BY_LABEL: names::MANAGED_BY_VALUE,
+                names::REPLICAS_KEY: "1",
+            },
+            "annotations": {names::CREATED_ANNOTATION: mark},
+        },
+        "spec": {"warmPoolRef": {"name": "agents"}},
+    })
+}
+
+/// Waits until the caches show pool `name`'s create finished with every
+/// claim cached.
+async fn until_finished(backend: &KubeBackend, name: &str, replicas: u32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let caches = backend.synced_caches().await.expect("caches");
+        if status::finished_claims(name, &caches.pool_objects(name), replicas).is_some() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_finished_warm_pool_the_caches_hold_whole_is_deleted_by_claim_names() {
+    let fake = FakeApi::default();
+    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
+    let backend = watching(&fake, settings()).await;
+    backend
+        .create_pool(&spec("fast", 3, warm_agents()))
+        .await
+        .expect("warm pool");
+    until_finished(&backend, "fast", 3).await;
+
+    let before = fake.requests().len();
+    assert!(backend.delete_pool("fast").await.expect("delete"));
+    let deletes: Vec<Recorded> = fake.requests()[before..]
+        .iter()
+        .filter(|r| r.method == Method::DELETE)
+        .cloned()
+        .collect();
+    // One DELETE per claim, by name, in the foreground; no selector.
+    let mut named: Vec<String> = deletes.iter().filter_map(|d| d.name.clone()).collect();
+    named.sort();
+    assert_eq!(named, ["claim-fast-0", "claim-fast-1", "claim-fast-2"]);
+    assert_eq!(deletes.len(), 3, "{deletes:?}");
+    for delete in &deletes {
+        assert_eq!(delete.plural, CLAIMS);
+        assert!(!delete.query.contains("labelSelector"), "{delete:?}");
+        assert_eq!(delete.body["propagationPolicy"], "Foreground");
+    }
+    assert!(fake.names(CLAIMS).is_empty());
+    assert_eq!(fake.names(WARM_POOLS), ["agents"]);
+}
+
+#[tokio::test]
+async fn a_warm_pool_with_a_claim_the_caches_did_not_expect_is_deleted_by_selector() {
+    let fake = FakeApi::default();
+    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
+    let backend = watching(&fake, settings()).await;
+    backend
+        .create_pool(&spec("fast", 1, warm_agents()))
+        .await
+        .expect("warm pool");
+    until_finished(&backend, "fast", 1).await;
+    // A claim of the pool beyond its replicas (say, left by a create these
+    // caches never saw finish): deleting by name would miss it.
+    fake.insert(NS, CLAIMS, pool_claim("fast", 5, "pending"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while backend
+        .synced_caches()
+        .await
+        .expect("caches")
+        .pool_objects("fast")
+        .claims
+        .len()
+        < 2
+    {
+        assert!(tokio::time::Instant::now() < deadline, "claim never cached");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let before = fake.requests().len();
+    assert!(backend.delete_pool("fast").await.expect("delete"));
+    let deletes: Vec<String> = fake.requests()[before..]
+        .iter()
+        .filter(|r| r.method == Method::DELETE)
+        .map(|r| format!("{} {:?}", r.line(), r.name))
+        .collect();
+    assert_eq!(deletes, ["DELETE sandboxclaims None"]);
+    assert!(fake.names(CLAIMS).is_empty());
+    // Claims go in the foreground, as upstream.
+    let delete = fake.requests()[before..]
+        .iter()
+        .find(|r| r.method == Method::DELETE)
+        .cloned()
+        .expect("the delete");
+    assert_eq!(delete.body["propagationPolicy"], "Foreground");
+    assert!(delete.query.contains("labelSelector="), "{delete:?}");
 }
 
 #[tokio::test]

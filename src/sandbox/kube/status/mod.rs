@@ -378,6 +378,22 @@ pub fn window_end(annotations: &BTreeMap<String, String>) -> Option<Timestamp> {
         .ok()
 }
 
+/// The names of a finished warm pool's claims, when the caches hold all of
+/// them: its create's mark is done and the claim of every index below
+/// `replicas` (`claim-<pool>-<i>`) is cached, and no other. A create makes
+/// no member after its mark is done, so no claim of the pool can then exist
+/// that these caches do not show. `None` otherwise.
+pub fn finished_claims(pool: &str, objects: &PoolObjects, replicas: u32) -> Option<Vec<String>> {
+    if create_mark(objects)?.state != MarkState::Done {
+        return None;
+    }
+    let mut cached: Vec<String> = objects.claims.iter().map(|c| c.name_any()).collect();
+    cached.sort_unstable();
+    let mut expected: Vec<String> = (0..replicas).map(|i| names::claim(pool, i)).collect();
+    expected.sort_unstable();
+    (cached == expected).then_some(expected)
+}
+
 /// How long after a create finished another replica's caches may still
 /// miss some of its members: each kind has its own watch, so the mark on
 /// the first PVC can arrive before the last Sandboxes.
