@@ -1299,30 +1299,31 @@ fn pool_claim(pool: &str, index: u32, mark: &str) -> Value {
 /// Waits until the caches show pool `name`'s create finished with every
 /// claim cached.
 async fn until_finished(backend: &KubeBackend, name: &str, replicas: u32) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let caches = backend.synced_caches().await.expect("caches");
-        if status::finished_claims(name, &caches.pool_objects(name), replicas).is_some() {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} never finished"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until(&format!("{name} finished"), || {
+        backend.caches().is_ok_and(|caches| {
+            status::finished_claims(name, &caches.pool_objects(name), replicas).is_some()
+        })
+    })
+    .await;
 }
 
-#[tokio::test]
-async fn a_finished_warm_pool_the_caches_hold_whole_is_deleted_by_claim_names() {
+/// A fake API with warm pool `agents`, and a watching backend that made
+/// warm pool `name` of `replicas` on it and whose caches show it finished.
+async fn finished_warm_pool(name: &str, replicas: u32) -> (FakeApi, Arc<KubeBackend>) {
     let fake = FakeApi::default();
     fake.insert(NS, WARM_POOLS, warm_pool("agents"));
     let backend = watching(&fake, settings()).await;
     backend
-        .create_pool(&spec("fast", 3, warm_agents()))
+        .create_pool(&spec(name, replicas, warm_agents()))
         .await
         .expect("warm pool");
-    until_finished(&backend, "fast", 3).await;
+    until_finished(&backend, name, replicas).await;
+    (fake, backend)
+}
+
+#[tokio::test]
+async fn a_finished_warm_pool_the_caches_hold_whole_is_deleted_by_claim_names() {
+    let (fake, backend) = finished_warm_pool("fast", 3).await;
 
     let before = fake.requests().len();
     assert!(backend.delete_pool("fast").await.expect("delete"));
@@ -1347,30 +1348,16 @@ async fn a_finished_warm_pool_the_caches_hold_whole_is_deleted_by_claim_names() 
 
 #[tokio::test]
 async fn a_warm_pool_with_a_claim_the_caches_did_not_expect_is_deleted_by_selector() {
-    let fake = FakeApi::default();
-    fake.insert(NS, WARM_POOLS, warm_pool("agents"));
-    let backend = watching(&fake, settings()).await;
-    backend
-        .create_pool(&spec("fast", 1, warm_agents()))
-        .await
-        .expect("warm pool");
-    until_finished(&backend, "fast", 1).await;
+    let (fake, backend) = finished_warm_pool("fast", 1).await;
     // A claim of the pool beyond its replicas (say, left by a create these
     // caches never saw finish): deleting by name would miss it.
     fake.insert(NS, CLAIMS, pool_claim("fast", 5, "pending"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while backend
-        .synced_caches()
-        .await
-        .expect("caches")
-        .pool_objects("fast")
-        .claims
-        .len()
-        < 2
-    {
-        assert!(tokio::time::Instant::now() < deadline, "claim never cached");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the extra claim cached", || {
+        backend
+            .caches()
+            .is_ok_and(|caches| caches.pool_objects("fast").claims.len() == 2)
+    })
+    .await;
 
     let before = fake.requests().len();
     assert!(backend.delete_pool("fast").await.expect("delete"));
