@@ -373,10 +373,21 @@ async fn warm_pool_claims_bind_warm_sandboxes_and_release_them() {
             env.dyn_names(&claims(), &selector("hot")).await?,
             names(&["claim-hot-0", "claim-hot-1"])
         );
-        assert_eq!(
-            env.pods_matching(&pool.sandbox_selector).await?,
-            warm_before
-        );
+        // The controller copies the pool label onto an adopted sandbox's
+        // pod after the sandbox is bound (and Ready): under load, a moment
+        // after the pool reads ready.
+        poll_until(
+            "the selector matches the adopted sandboxes' pods",
+            || async {
+                let pods = env.pods_matching(&pool.sandbox_selector).await?;
+                Ok(if pods == warm_before {
+                    Ok(())
+                } else {
+                    Err(format!("{pods:?}, not {warm_before:?}"))
+                })
+            },
+        )
+        .await?;
         // Claims expire by themselves (24 h default TTL) with their sandbox,
         // as the API server stored them.
         for claim in ["claim-hot-0", "claim-hot-1"] {
