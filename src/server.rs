@@ -151,7 +151,7 @@ impl Server {
 
 /// Blocking-pool threads kept beyond the running uploads' (one each), for
 /// store calls and file reads.
-pub const BLOCKING_THREADS_BESIDE_UPLOADS: u32 = 16;
+const BLOCKING_THREADS_BESIDE_UPLOADS: u32 = 16;
 
 /// The runtime `serve` runs on: tokio's multi-thread scheduler, a worker per
 /// core, with the blocking pool capped at `--max-blocking-threads` (tokio's

@@ -44,29 +44,26 @@ impl KubeBackend {
     /// not know, or cannot answer for), so members the caches have not
     /// seen yet are caught too.
     pub(super) async fn delete_pool_members(&self, name: &str) -> Result<Deleted, BackendError> {
-        let known = self.synced_caches().await.ok().and_then(|caches| {
-            let objects = caches.pool_objects(name);
-            let pool = status::pool_status(name, &objects, self.creating.contains(name))?;
-            let by_name = match pool.strategy {
-                Strategy::Warm { .. } if !self.creating.contains(name) => {
-                    status::finished_claims(name, &objects, pool.replicas)
-                }
-                _ => None,
-            };
-            Some((pool.strategy, by_name))
-        });
-        match known {
-            Some((_, Some(claims))) => {
+        let Ok(caches) = self.synced_caches().await else {
+            return self.delete_pool_objects(name, ALL_KINDS).await;
+        };
+        let objects = caches.pool_objects(name);
+        let Some(pool) = status::pool_status(name, &objects, self.creating.contains(name)) else {
+            return self.delete_pool_objects(name, ALL_KINDS).await;
+        };
+        if let Strategy::Warm { .. } = pool.strategy {
+            // A create still running here has not marked itself done.
+            if let Some(claims) = status::finished_claims(name, &objects, pool.replicas) {
                 let deleted = Deleted {
                     claims: claims.len(),
                     ..Deleted::default()
                 };
                 self.delete_all(Kind::Claim, claims).await?;
-                Ok(deleted)
+                return Ok(deleted);
             }
-            Some((strategy, None)) => self.delete_pool_objects(name, kinds_of(&strategy)).await,
-            None => self.delete_pool_objects(name, ALL_KINDS).await,
         }
+        self.delete_pool_objects(name, kinds_of(&pool.strategy))
+            .await
     }
 
     /// Deletes the managed objects of pool `name` of the `kinds` given, the

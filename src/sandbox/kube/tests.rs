@@ -1240,11 +1240,7 @@ async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool(
         async move {
             let before = fake.requests().len();
             assert!(backend.delete_pool(name).await.expect("delete"));
-            let deletes: Vec<Recorded> = fake.requests()[before..]
-                .iter()
-                .filter(|r| r.method == Method::DELETE)
-                .cloned()
-                .collect();
+            let deletes = deletes_since(fake, before);
             let selector = format!(
                 "labelSelector=context.rossoctl.io%2Fpool%3D{name}%2Capp.kubernetes.io%2Fmanaged-by%3Dcontext-service"
             );
@@ -1277,9 +1273,18 @@ async fn delete_removes_managed_objects_but_never_the_existing_pvc_or_warm_pool(
     assert!(!backend.delete_pool("readers").await.expect("second delete"));
 }
 
-/// A claim of warm pool `pool` at `index` with the create mark `mark`
-/// (`pending`, or a finish time for done), as a create makes it.
-fn pool_claim(pool: &str, index: u32, mark: &str) -> Value {
+/// The DELETE requests the fake answered after its first `before` requests.
+fn deletes_since(fake: &FakeApi, before: usize) -> Vec<Recorded> {
+    fake.requests()[before..]
+        .iter()
+        .filter(|r| r.method == Method::DELETE)
+        .cloned()
+        .collect()
+}
+
+/// A claim of warm pool `pool` at `index` whose create is still pending, as
+/// a create makes it.
+fn pending_claim(pool: &str, index: u32) -> Value {
     json!({
         "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
         "kind": "SandboxClaim",
@@ -1290,7 +1295,7 @@ fn pool_claim(pool: &str, index: u32, mark: &str) -> Value {
                 names::MANAGED_BY_LABEL: names::MANAGED_BY_VALUE,
                 names::REPLICAS_KEY: "1",
             },
-            "annotations": {names::CREATED_ANNOTATION: mark},
+            "annotations": {names::CREATED_ANNOTATION: names::CREATED_PENDING},
         },
         "spec": {"warmPoolRef": {"name": "agents"}},
     })
@@ -1327,11 +1332,7 @@ async fn a_finished_warm_pool_the_caches_hold_whole_is_deleted_by_claim_names() 
 
     let before = fake.requests().len();
     assert!(backend.delete_pool("fast").await.expect("delete"));
-    let deletes: Vec<Recorded> = fake.requests()[before..]
-        .iter()
-        .filter(|r| r.method == Method::DELETE)
-        .cloned()
-        .collect();
+    let deletes = deletes_since(&fake, before);
     // One DELETE per claim, by name, in the foreground; no selector.
     let mut named: Vec<String> = deletes.iter().filter_map(|d| d.name.clone()).collect();
     named.sort();
@@ -1351,7 +1352,7 @@ async fn a_warm_pool_with_a_claim_the_caches_did_not_expect_is_deleted_by_select
     let (fake, backend) = finished_warm_pool("fast", 1).await;
     // A claim of the pool beyond its replicas (say, left by a create these
     // caches never saw finish): deleting by name would miss it.
-    fake.insert(NS, CLAIMS, pool_claim("fast", 5, "pending"));
+    fake.insert(NS, CLAIMS, pending_claim("fast", 5));
     until("the extra claim cached", || {
         backend
             .caches()
@@ -1361,21 +1362,20 @@ async fn a_warm_pool_with_a_claim_the_caches_did_not_expect_is_deleted_by_select
 
     let before = fake.requests().len();
     assert!(backend.delete_pool("fast").await.expect("delete"));
-    let deletes: Vec<String> = fake.requests()[before..]
+    let deletes = deletes_since(&fake, before);
+    let lines: Vec<String> = deletes
         .iter()
-        .filter(|r| r.method == Method::DELETE)
         .map(|r| format!("{} {:?}", r.line(), r.name))
         .collect();
-    assert_eq!(deletes, ["DELETE sandboxclaims None"]);
+    assert_eq!(lines, ["DELETE sandboxclaims None"]);
     assert!(fake.names(CLAIMS).is_empty());
     // Claims go in the foreground, as upstream.
-    let delete = fake.requests()[before..]
-        .iter()
-        .find(|r| r.method == Method::DELETE)
-        .cloned()
-        .expect("the delete");
-    assert_eq!(delete.body["propagationPolicy"], "Foreground");
-    assert!(delete.query.contains("labelSelector="), "{delete:?}");
+    assert_eq!(deletes[0].body["propagationPolicy"], "Foreground");
+    assert!(
+        deletes[0].query.contains("labelSelector="),
+        "{:?}",
+        deletes[0]
+    );
 }
 
 #[tokio::test]
