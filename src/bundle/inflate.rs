@@ -34,10 +34,34 @@ const DEPTH: usize = 2;
 /// caller.
 const AHEAD: usize = 4;
 
+/// A buffer and how much of it holds data. Buffers travel back and forth
+/// at their full length, so a reused one is never zeroed again (that was a
+/// pass over every inflated byte).
+#[derive(Default)]
+struct Filled {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl Filled {
+    fn data(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    /// The buffer of a spent chunk, or a fresh one (`vec!` asks for zeroed
+    /// memory, which fresh pages already are: no pass over them).
+    fn reuse(spent: Option<Vec<u8>>, size: usize) -> Vec<u8> {
+        match spent {
+            Some(buf) if buf.len() == size => buf,
+            _ => vec![0u8; size],
+        }
+    }
+}
+
 /// From the caller to the helper. A closed channel is the end of input.
 enum In {
     /// Compressed bytes (never empty).
-    Chunk(Vec<u8>),
+    Chunk(Filled),
     /// Reading the input failed; nothing follows.
     Failed,
 }
@@ -45,7 +69,7 @@ enum In {
 /// From the helper to the caller, in stream order.
 enum Out {
     /// Inflated bytes.
-    Data(Vec<u8>),
+    Data(Filled),
     /// The helper took a compressed chunk: send another. Carries the
     /// previous chunk's buffer, for reuse.
     Want(Vec<u8>),
@@ -69,7 +93,7 @@ pub(crate) struct ParallelGz<R> {
     from_helper: Receiver<Out>,
     /// Spent inflated buffers, back to the helper.
     free: Sender<Vec<u8>>,
-    cur: Vec<u8>,
+    cur: Filled,
     pos: usize,
     /// Compressed chunks read from the input (all of them non-empty).
     read: usize,
@@ -94,14 +118,14 @@ impl<R: Read> ParallelGz<R> {
             to_helper: Some(to_helper),
             from_helper,
             free,
-            cur: Vec::new(),
+            cur: Filled::default(),
             pos: 0,
             read: 0,
             input_failed: None,
             trailing: None,
         };
         for _ in 0..DEPTH {
-            gz.feed(Vec::new());
+            gz.feed(None);
         }
         Ok(gz)
     }
@@ -125,13 +149,13 @@ impl<R: Read> ParallelGz<R> {
         Ok(self.input)
     }
 
-    /// Sends the helper the next chunk of input (in `buf`), or the end of
-    /// input, or its failure.
-    fn feed(&mut self, mut buf: Vec<u8>) {
+    /// Sends the helper the next chunk of input (in `spent`'s buffer, if
+    /// any), or the end of input, or its failure.
+    fn feed(&mut self, spent: Option<Vec<u8>>) {
         let Some(tx) = &self.to_helper else {
             return;
         };
-        buf.resize(IN_CHUNK, 0);
+        let mut buf = Filled::reuse(spent, IN_CHUNK);
         let read = loop {
             match self.input.read(&mut buf) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -145,9 +169,8 @@ impl<R: Read> ParallelGz<R> {
                 return;
             }
             Ok(n) => {
-                buf.truncate(n);
                 self.read += 1;
-                In::Chunk(buf)
+                In::Chunk(Filled { buf, len: n })
             }
             Err(e) => {
                 self.input_failed = Some(e);
@@ -167,9 +190,10 @@ impl<R: Read> ParallelGz<R> {
 impl<R: Read> Read for ParallelGz<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
-            if self.pos < self.cur.len() {
-                let n = buf.len().min(self.cur.len() - self.pos);
-                buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+            let cur = self.cur.data();
+            if self.pos < cur.len() {
+                let n = buf.len().min(cur.len() - self.pos);
+                buf[..n].copy_from_slice(&cur[self.pos..self.pos + n]);
                 self.pos += n;
                 return Ok(n);
             }
@@ -183,10 +207,10 @@ impl<R: Read> Read for ParallelGz<R> {
                     let spent = std::mem::replace(&mut self.cur, data);
                     // The helper may be gone already; the buffer is then
                     // simply dropped.
-                    let _ = self.free.send(spent);
+                    let _ = self.free.send(spent.buf);
                     self.pos = 0;
                 }
-                Ok(Out::Want(spent)) => self.feed(spent),
+                Ok(Out::Want(spent)) => self.feed(Some(spent)),
                 Ok(Out::Failed(e)) => return Err(self.input_failed.take().unwrap_or(e)),
                 // Every `Want` before `End` was answered: `read` is final.
                 Ok(Out::End { took, leftover }) => {
@@ -206,7 +230,7 @@ fn helper_gone() -> io::Error {
 struct Chunks {
     rx: Receiver<In>,
     out: SyncSender<Out>,
-    cur: Vec<u8>,
+    cur: Filled,
     pos: usize,
     took: usize,
     ended: bool,
@@ -224,13 +248,13 @@ impl Read for Chunks {
 
 impl BufRead for Chunks {
     fn fill_buf(&mut self) -> io::Result<&[u8]> {
-        if self.pos == self.cur.len() && !self.ended {
+        if self.pos == self.cur.len && !self.ended {
             match self.rx.recv() {
                 Ok(In::Chunk(chunk)) => {
                     let spent = std::mem::replace(&mut self.cur, chunk);
                     self.pos = 0;
                     self.took += 1;
-                    if self.out.send(Out::Want(spent)).is_err() {
+                    if self.out.send(Out::Want(spent.buf)).is_err() {
                         return Err(helper_gone());
                     }
                 }
@@ -239,11 +263,11 @@ impl BufRead for Chunks {
                 Err(_) => self.ended = true,
             }
         }
-        Ok(&self.cur[self.pos..])
+        Ok(&self.cur.data()[self.pos..])
     }
 
     fn consume(&mut self, amt: usize) {
-        self.pos = (self.pos + amt).min(self.cur.len());
+        self.pos = (self.pos + amt).min(self.cur.len);
     }
 }
 
@@ -253,15 +277,14 @@ fn inflate(chunks: Receiver<In>, out: SyncSender<Out>, spare: Receiver<Vec<u8>>)
     let src = Chunks {
         rx: chunks,
         out: out.clone(),
-        cur: Vec::new(),
+        cur: Filled::default(),
         pos: 0,
         took: 0,
         ended: false,
     };
     let mut gz = GzDecoder::new(src);
     loop {
-        let mut buf = spare.try_recv().unwrap_or_default();
-        buf.resize(OUT_CHUNK, 0);
+        let mut buf = Filled::reuse(spare.try_recv().ok(), OUT_CHUNK);
         let mut n = 0;
         let mut failure = None;
         while n < buf.len() {
@@ -276,8 +299,7 @@ fn inflate(chunks: Receiver<In>, out: SyncSender<Out>, spare: Receiver<Vec<u8>>)
             }
         }
         let full = n == buf.len();
-        buf.truncate(n);
-        if n > 0 && out.send(Out::Data(buf)).is_err() {
+        if n > 0 && out.send(Out::Data(Filled { buf, len: n })).is_err() {
             return;
         }
         let last = match failure {
@@ -287,7 +309,7 @@ fn inflate(chunks: Receiver<In>, out: SyncSender<Out>, spare: Receiver<Vec<u8>>)
                 let src = gz.get_ref();
                 Out::End {
                     took: src.took,
-                    leftover: src.pos < src.cur.len(),
+                    leftover: src.pos < src.cur.len,
                 }
             }
         };

@@ -54,17 +54,23 @@ impl CanonPath {
 
 impl Ord for CanonPath {
     fn cmp(&self, other: &Self) -> Ordering {
-        // NUL never appears in a valid path, so mapping '/' to 0 makes plain
-        // byte comparison equal to component-wise comparison. Only the first
-        // differing byte needs the mapping: the common prefix (found at
-        // memcmp speed) compares equal either way.
-        let (a, b) = (self.0.as_bytes(), other.0.as_bytes());
-        let common = common_prefix(a, b);
-        let key = |b: u8| if b == b'/' { 0 } else { b };
-        match (a.get(common), b.get(common)) {
-            (Some(&x), Some(&y)) => key(x).cmp(&key(y)),
-            _ => a.len().cmp(&b.len()),
-        }
+        canonical_cmp(&self.0, &other.0)
+    }
+}
+
+/// The canonical order of two normalised paths (see [`CanonPath`]), for
+/// callers that hold one as text.
+pub(crate) fn canonical_cmp(a: &str, b: &str) -> Ordering {
+    // NUL never appears in a valid path, so mapping '/' to 0 makes plain
+    // byte comparison equal to component-wise comparison. Only the first
+    // differing byte needs the mapping: the common prefix (found at memcmp
+    // speed) compares equal either way.
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let common = common_prefix(a, b);
+    let key = |b: u8| if b == b'/' { 0 } else { b };
+    match (a.get(common), b.get(common)) {
+        (Some(&x), Some(&y)) => key(x).cmp(&key(y)),
+        _ => a.len().cmp(&b.len()),
     }
 }
 

@@ -233,8 +233,6 @@ pub(crate) struct Member {
     pub kind: MemberKind,
     /// Data size (0 for directories).
     pub size: u64,
-    /// The name as written, for error messages.
-    pub name: String,
 }
 
 /// Extension state collected from `x`, `L` and `K` headers for the next
@@ -267,8 +265,9 @@ pub(crate) struct TarWalker<R> {
     remaining: u64,
     /// Padding after the current member's data.
     padding: u64,
-    /// Display name of the current member.
-    current: Option<String>,
+    /// The current member's name as written; its display form is made
+    /// only for an error message (most members never need one).
+    current: Option<Vec<u8>>,
 }
 
 fn invalid(entry: Option<&str>, detail: impl Into<String>) -> BundleError {
@@ -331,10 +330,20 @@ impl<R: Read> TarWalker<R> {
         let mut err = untrap(&self.trap, e);
         if let BundleError::InflatedTooLarge { entry, .. } = &mut err {
             if entry.is_none() {
-                entry.clone_from(&self.current);
+                *entry = self.current_entry();
             }
         }
         err
+    }
+
+    /// How errors name the current member: its normalised path, or the
+    /// name as written for the archive root.
+    pub(crate) fn current_entry(&self) -> Option<String> {
+        let raw = self.current.as_deref()?;
+        Some(match normalize(raw, &self.limits) {
+            Ok(Some(path)) => path.as_str().to_owned(),
+            _ => display_name(raw),
+        })
     }
 
     /// Reads until `buf` is full or the stream ends; returns bytes read.
@@ -358,7 +367,7 @@ impl<R: Read> TarWalker<R> {
         let n = self.read_full(&mut block)?;
         if n < block.len() {
             return Err(BundleError::TruncatedTar {
-                entry: self.current.clone(),
+                entry: self.current_entry(),
             });
         }
         Ok(block)
@@ -376,7 +385,7 @@ impl<R: Read> TarWalker<R> {
             let got = self.read_full(&mut scratch[..want])?;
             if got < want {
                 return Err(BundleError::TruncatedTar {
-                    entry: self.current.clone(),
+                    entry: self.current_entry(),
                 });
             }
             n -= got as u64;
@@ -542,30 +551,29 @@ impl<R: Read> TarWalker<R> {
             (None, Some(l)) => l,
             (None, None) => header.path_bytes().into_owned(),
         };
-        let name = display_name(&raw);
         let size = pending.pax_size.unwrap_or(header_size);
         let path = normalize(&raw, &self.limits)?;
-        let shown = path
-            .as_ref()
-            .map_or_else(|| name.clone(), |p| p.as_str().to_owned());
+        // Names for error messages, made only when one is needed.
+        let name = || display_name(&raw);
+        let shown = || path.as_ref().map_or_else(name, |p| p.as_str().to_owned());
         let kind = match type_flag {
             b'0' | b'\0' | b'7' => {
                 if pending.sparse {
-                    return Err(BundleError::SparseNotAllowed { entry: shown });
+                    return Err(BundleError::SparseNotAllowed { entry: shown() });
                 }
                 // Old-style archives mark directories by a trailing slash on
                 // a regular entry; refuse the ambiguity outright.
                 if raw.ends_with(b"/") {
-                    return Err(invalid(Some(&shown), "regular file name ends with '/'"));
+                    return Err(invalid(Some(&shown()), "regular file name ends with '/'"));
                 }
                 if path.is_none() {
-                    return Err(BundleError::EmptyPath { entry: name });
+                    return Err(BundleError::EmptyPath { entry: name() });
                 }
                 let mode = match plain_octal(&header.as_old().mode) {
                     Some(m) => u32::try_from(m).unwrap_or(u32::MAX),
                     None => header
                         .mode()
-                        .map_err(|e| invalid(Some(&shown), e.to_string()))?,
+                        .map_err(|e| invalid(Some(&shown()), e.to_string()))?,
                 };
                 MemberKind::File {
                     exec: mode & 0o100 != 0,
@@ -573,52 +581,52 @@ impl<R: Read> TarWalker<R> {
             }
             b'5' => {
                 if size != 0 {
-                    return Err(invalid(Some(&shown), "directory entry with data"));
+                    return Err(invalid(Some(&shown()), "directory entry with data"));
                 }
                 MemberKind::Dir
             }
             b'1' => {
                 return Err(BundleError::LinkNotAllowed {
-                    entry: shown,
+                    entry: shown(),
                     kind: super::error::LinkKind::Hard,
                 })
             }
             b'2' => {
                 return Err(BundleError::LinkNotAllowed {
-                    entry: shown,
+                    entry: shown(),
                     kind: super::error::LinkKind::Symbolic,
                 })
             }
             b'3' => {
                 return Err(BundleError::DeviceNotAllowed {
-                    entry: shown,
+                    entry: shown(),
                     kind: super::error::DeviceKind::Char,
                 })
             }
             b'4' => {
                 return Err(BundleError::DeviceNotAllowed {
-                    entry: shown,
+                    entry: shown(),
                     kind: super::error::DeviceKind::Block,
                 })
             }
-            b'6' => return Err(BundleError::FifoNotAllowed { entry: shown }),
-            b'S' => return Err(BundleError::SparseNotAllowed { entry: shown }),
+            b'6' => return Err(BundleError::FifoNotAllowed { entry: shown() }),
+            b'S' => return Err(BundleError::SparseNotAllowed { entry: shown() }),
             other => {
                 return Err(BundleError::UnknownEntryType {
-                    entry: shown,
+                    entry: shown(),
                     kind: format!("type flag {:?}", char::from(other)),
                 })
             }
         };
         if pending.long_link {
             return Err(invalid(
-                Some(&shown),
+                Some(&shown()),
                 "GNU long link name on a non-link entry",
             ));
         }
         if size > self.limits.file_bytes {
             return Err(BundleError::FileTooLarge {
-                entry: shown,
+                entry: shown(),
                 size,
                 limit: self.limits.file_bytes,
             });
@@ -628,18 +636,13 @@ impl<R: Read> TarWalker<R> {
         if self.pos.saturating_add(padded(size)) > self.limits.inflated_bytes {
             return Err(BundleError::InflatedTooLarge {
                 limit: self.limits.inflated_bytes,
-                entry: Some(shown),
+                entry: Some(shown()),
             });
         }
         self.remaining = size;
         self.padding = padded(size) - size;
-        self.current = Some(shown);
-        Ok(Member {
-            path,
-            kind,
-            size,
-            name,
-        })
+        self.current = Some(raw);
+        Ok(Member { path, kind, size })
     }
 
     /// After the first zero block: a second one must follow, then only
@@ -681,7 +684,7 @@ impl<R: Read> Read for MemberData<'_, R> {
             .min(usize::try_from(w.remaining).unwrap_or(usize::MAX));
         let n = w.src.read(&mut buf[..want])?;
         if n == 0 {
-            let entry = w.current.clone();
+            let entry = w.current_entry();
             return Err(trip(&w.trap, BundleError::TruncatedTar { entry }));
         }
         w.pos += n as u64;

@@ -68,20 +68,20 @@ impl Tree {
         self.nodes.get(&CanonPath::from_trusted(path.to_owned()))
     }
 
-    /// Creates the missing ancestors of `path` as implied directories and
-    /// appends them to `created`, outermost first.
-    fn ensure_parents(
-        &mut self,
-        path: &CanonPath,
-        created: &mut Vec<CanonPath>,
-    ) -> Result<(), BundleError> {
+    /// Creates the missing ancestors of `path` as implied directories;
+    /// answers how many. They are always its innermost ones: every node's
+    /// ancestors exist.
+    fn ensure_parents(&mut self, path: &CanonPath) -> Result<usize, BundleError> {
         let parent = path.as_str().rsplit_once('/').map_or("", |(p, _)| p);
         if parent.is_empty() || parent == self.last_parent {
-            return Ok(());
+            return Ok(0);
         }
+        let mut created = 0;
         for ancestor in path.ancestors() {
-            let key = CanonPath::from_trusted(ancestor.to_owned());
-            match self.nodes.entry(key) {
+            match self
+                .nodes
+                .entry(CanonPath::from_trusted(ancestor.to_owned()))
+            {
                 Entry::Occupied(o) => {
                     if let Node::File(_) = o.get() {
                         return Err(BundleError::FileDirConflict {
@@ -90,68 +90,75 @@ impl Tree {
                     }
                 }
                 Entry::Vacant(v) => {
-                    created.push(v.key().clone());
                     v.insert(Node::Dir { explicit: false });
                     self.dirs += 1;
+                    created += 1;
                 }
             }
         }
         parent.clone_into(&mut self.last_parent);
-        Ok(())
+        Ok(created)
     }
 
-    /// Adds an explicit directory. Returns the nodes this created, in
-    /// canonical order (empty when the directory was already implied).
-    pub(crate) fn add_dir(&mut self, path: CanonPath) -> Result<Vec<CanonPath>, BundleError> {
-        let mut created = Vec::new();
-        self.ensure_parents(&path, &mut created)?;
-        match self.nodes.get_mut(&path) {
-            Some(Node::File(_)) => {
-                return Err(BundleError::FileDirConflict {
-                    entry: path.as_str().to_owned(),
-                })
+    /// Adds an explicit directory. Answers how many nodes this created: see
+    /// [`created_by`] for which (none when the directory was already
+    /// implied).
+    pub(crate) fn add_dir(&mut self, path: &CanonPath) -> Result<usize, BundleError> {
+        let parents = self.ensure_parents(path)?;
+        match self.nodes.get_mut(path) {
+            Some(Node::File(_)) => Err(BundleError::FileDirConflict {
+                entry: path.as_str().to_owned(),
+            }),
+            Some(Node::Dir { explicit: true }) => Err(BundleError::DuplicatePath {
+                entry: path.as_str().to_owned(),
+            }),
+            Some(Node::Dir { explicit }) => {
+                *explicit = true;
+                Ok(parents)
             }
-            Some(Node::Dir { explicit: true }) => {
-                return Err(BundleError::DuplicatePath {
-                    entry: path.as_str().to_owned(),
-                })
-            }
-            Some(Node::Dir { explicit }) => *explicit = true,
             None => {
                 self.nodes
                     .insert(path.clone(), Node::Dir { explicit: true });
                 self.dirs += 1;
-                created.push(path);
+                Ok(parents + 1)
             }
         }
-        Ok(created)
     }
 
-    /// Adds a regular file. Returns the nodes this created (implied parents
-    /// and the file), in canonical order.
+    /// Adds a regular file. Answers how many nodes this created (its
+    /// implied parents and the file): see [`created_by`] for which.
     pub(crate) fn add_file(
         &mut self,
-        path: CanonPath,
+        path: &CanonPath,
         file: FileNode,
-    ) -> Result<Vec<CanonPath>, BundleError> {
-        let mut created = Vec::new();
-        self.ensure_parents(&path, &mut created)?;
-        match self.nodes.entry(path) {
+    ) -> Result<usize, BundleError> {
+        let parents = self.ensure_parents(path)?;
+        match self.nodes.entry(path.clone()) {
             Entry::Occupied(o) => {
                 let entry = o.key().as_str().to_owned();
-                return Err(match o.get() {
+                Err(match o.get() {
                     Node::File(_) => BundleError::DuplicatePath { entry },
                     Node::Dir { .. } => BundleError::FileDirConflict { entry },
-                });
+                })
             }
             Entry::Vacant(v) => {
-                created.push(v.key().clone());
                 v.insert(Node::File(file));
                 self.files += 1;
+                Ok(parents + 1)
             }
         }
-        Ok(created)
     }
+}
+
+/// The `created` nodes an add of `path` made, in canonical order: its
+/// innermost `created - 1` ancestors, then `path` itself (nothing for 0).
+/// Only a new node's ancestors can be new, and they are the innermost ones
+/// because every existing node's ancestors exist.
+pub(crate) fn created_by(path: &CanonPath, created: usize) -> impl Iterator<Item = &str> {
+    let nodes = path.ancestors().count() + 1;
+    path.ancestors()
+        .chain(std::iter::once(path.as_str()))
+        .skip(nodes.saturating_sub(created))
 }
 
 #[cfg(test)]
@@ -171,38 +178,58 @@ mod tests {
     #[test]
     fn implied_parents_then_explicit_dir_is_not_a_duplicate() {
         let mut t = Tree::default();
-        let created = t.add_file(p("a/b/c"), F).unwrap();
-        assert_eq!(created, vec![p("a"), p("a/b"), p("a/b/c")]);
-        assert!(t.add_dir(p("a/b")).unwrap().is_empty());
-        assert_eq!(t.add_dir(p("a/b")).unwrap_err().code(), "duplicate_path");
+        let c = p("a/b/c");
+        let created = t.add_file(&c, F).unwrap();
+        assert_eq!(
+            created_by(&c, created).collect::<Vec<_>>(),
+            ["a", "a/b", "a/b/c"]
+        );
+        assert_eq!(t.add_dir(&p("a/b")).unwrap(), 0);
+        assert_eq!(t.add_dir(&p("a/b")).unwrap_err().code(), "duplicate_path");
         assert_eq!((t.files(), t.dirs()), (1, 2));
     }
 
     #[test]
     fn siblings_after_a_cached_parent_still_conflict_and_count() {
         let mut t = Tree::default();
-        t.add_file(p("d/x"), F).unwrap();
-        assert_eq!(t.add_file(p("d/y"), F).unwrap(), vec![p("d/y")]);
+        t.add_file(&p("d/x"), F).unwrap();
+        let y = p("d/y");
+        let created = t.add_file(&y, F).unwrap();
+        assert_eq!(created_by(&y, created).collect::<Vec<_>>(), ["d/y"]);
         assert_eq!(
-            t.add_file(p("d/x"), F).unwrap_err().code(),
+            t.add_file(&p("d/x"), F).unwrap_err().code(),
             "duplicate_path"
         );
-        t.add_dir(p("d/sub")).unwrap();
-        let e = t.add_file(p("d/sub"), F).unwrap_err();
+        t.add_dir(&p("d/sub")).unwrap();
+        let e = t.add_file(&p("d/sub"), F).unwrap_err();
         assert_eq!(e.code(), "file_dir_conflict");
         // Another directory, then back: the walk runs again and still
         // sees the file `e` in the way.
-        t.add_file(p("e"), F).unwrap();
-        let e = t.add_file(p("e/z"), F).unwrap_err();
+        t.add_file(&p("e"), F).unwrap();
+        let e = t.add_file(&p("e/z"), F).unwrap_err();
         assert_eq!((e.code(), e.entry()), ("file_dir_conflict", Some("e")));
         assert_eq!((t.files(), t.dirs()), (3, 2));
     }
 
     #[test]
+    fn a_new_directory_creates_its_missing_parents_and_itself() {
+        let mut t = Tree::default();
+        t.add_file(&p("x/f"), F).unwrap();
+        let z = p("x/y/z");
+        let created = t.add_dir(&z).unwrap();
+        assert_eq!(
+            created_by(&z, created).collect::<Vec<_>>(),
+            ["x/y", "x/y/z"]
+        );
+        assert_eq!(created_by(&z, 0).count(), 0);
+        assert_eq!((t.files(), t.dirs()), (1, 3));
+    }
+
+    #[test]
     fn file_under_file_conflicts() {
         let mut t = Tree::default();
-        t.add_file(p("a"), F).unwrap();
-        let e = t.add_file(p("a/b"), F).unwrap_err();
+        t.add_file(&p("a"), F).unwrap();
+        let e = t.add_file(&p("a/b"), F).unwrap_err();
         assert_eq!((e.code(), e.entry()), ("file_dir_conflict", Some("a")));
     }
 }

@@ -45,11 +45,11 @@ use super::context_layout;
 use super::error::BundleError;
 use super::inflate::ParallelGz;
 use super::limits::{CanonicalOptions, Limits};
-use super::path::CanonPath;
+use super::path::{canonical_cmp, CanonPath};
 use super::reader::{trip, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap};
 use super::report::{Inspection, Report};
 use super::spool::{RangeReader, Spool};
-use super::tree::{FileNode, Node, Tree};
+use super::tree::{created_by, FileNode, Node, Tree};
 use compare::{Comparator, Side};
 use pgzip::PIECE;
 
@@ -296,15 +296,15 @@ fn walk<'scope, R: Read>(
             if !root_seen {
                 root_seen = true;
                 entries += 1;
-                check_entries(entries, limits, &member.name)?;
+                check_entries(entries, limits, &walker.current_entry().unwrap_or_default())?;
             }
             continue;
         };
         let key = spool.len();
         let created = match member.kind {
-            MemberKind::Dir => tree.add_dir(path.clone())?,
+            MemberKind::Dir => tree.add_dir(&path)?,
             MemberKind::File { exec } => tree.add_file(
-                path.clone(),
+                &path,
                 FileNode {
                     size: member.size,
                     exec,
@@ -314,13 +314,17 @@ fn walk<'scope, R: Read>(
         };
         // Each distinct path counts once: an explicit directory that arrives
         // after the files that implied it creates nothing new.
-        entries += created.len() as u64;
+        entries += created as u64;
         check_entries(entries, limits, path.as_str())?;
 
-        let out_of_order = match (&spec, created.first()) {
-            (Some(s), Some(first)) => s.last.as_ref().is_some_and(|last| first <= last),
-            _ => false,
-        };
+        let out_of_order = spec
+            .as_ref()
+            .and_then(|s| s.last.as_ref())
+            .is_some_and(|last| {
+                created_by(&path, created)
+                    .next()
+                    .is_some_and(|first| canonical_cmp(first, last.as_str()).is_le())
+            });
         if out_of_order {
             if let Some(s) = spec.take() {
                 packed.extend(s.abandon());
@@ -337,12 +341,13 @@ fn walk<'scope, R: Read>(
             }
             continue;
         };
+        // The new nodes in canonical order; a new file is the last one.
         let dirs = match member.kind {
-            MemberKind::Dir => &created[..],
-            MemberKind::File { .. } => &created[..created.len().saturating_sub(1)],
+            MemberKind::Dir => created,
+            MemberKind::File { .. } => created.saturating_sub(1),
         };
-        for dir in dirs {
-            s.tar.append_dir(dir.as_str()).map_err(storage)?;
+        for dir in created_by(&path, created).take(dirs) {
+            s.tar.append_dir(dir).map_err(storage)?;
         }
         if let MemberKind::File { exec } = member.kind {
             let tee = Tee {
@@ -359,8 +364,8 @@ fn walk<'scope, R: Read>(
                 Err(AppendError::Write(e)) => return Err(storage(e)),
             }
         }
-        if let Some(last) = created.last() {
-            s.last = Some(last.clone());
+        if created > 0 {
+            s.last = Some(path);
         }
         // The upload differed from the canonical tar too late to compress
         // from the start: emit from the spool instead.
