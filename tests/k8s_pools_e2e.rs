@@ -374,20 +374,12 @@ async fn warm_pool_claims_bind_warm_sandboxes_and_release_them() {
             names(&["claim-hot-0", "claim-hot-1"])
         );
         // The controller copies the pool label onto an adopted sandbox's
-        // pod after the sandbox is bound (and Ready): under load, a moment
-        // after the pool reads ready.
-        poll_until(
-            "the selector matches the adopted sandboxes' pods",
-            || async {
-                let pods = env.pods_matching(&pool.sandbox_selector).await?;
-                Ok(if pods == warm_before {
-                    Ok(())
-                } else {
-                    Err(format!("{pods:?}, not {warm_before:?}"))
-                })
-            },
-        )
-        .await?;
+        // pod a moment after the claim turns ready; `ready` waits for it,
+        // so the selector finds every member the moment the pool is ready.
+        assert_eq!(
+            env.pods_matching(&pool.sandbox_selector).await?,
+            warm_before
+        );
         // Claims expire by themselves (24 h default TTL) with their sandbox,
         // as the API server stored them.
         for claim in ["claim-hot-0", "claim-hot-1"] {

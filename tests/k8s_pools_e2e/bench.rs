@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt as _;
-use kube::api::DynamicObject;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
 
 use super::*;
@@ -71,72 +71,144 @@ fn bench_body(strategy: &str, name: &str, replicas: u32) -> serde_json::Value {
 }
 
 /// When each object of one kind in the namespace was first seen with
-/// `Ready=True`, from a watch of the bench's own.
+/// `Ready=True`, from a watch of the bench's own; for warm pools also when
+/// each pod was first seen with a pool label (the controller copies it from
+/// the claim a moment after the claim is ready, and only then does the
+/// pool's selector find the member).
 struct ReadyWatch {
     seen: Arc<Mutex<HashMap<String, Instant>>>,
-    task: tokio::task::JoinHandle<()>,
+    /// Pool → pod → first seen with that pool's label.
+    labelled: Arc<Mutex<HashMap<String, HashMap<String, Instant>>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl ReadyWatch {
     /// Watches the claims (warm pools: a claim's `Ready` is the member's)
-    /// or the Sandboxes of `env`'s namespace; answers once the first list
-    /// is in, so nothing created afterwards is missed.
+    /// and pool-labelled pods, or the Sandboxes, of `env`'s namespace;
+    /// answers once the first lists are in, so nothing created afterwards
+    /// is missed.
     async fn start(env: &Env, strategy: &str) -> Result<Self> {
+        let seen = Arc::new(Mutex::new(HashMap::new()));
+        let labelled: Arc<Mutex<HashMap<String, HashMap<String, Instant>>>> = Arc::default();
         let resource = if strategy == "warm" {
             claims()
         } else {
             sandboxes()
         };
-        let api = env.dyn_api(&resource);
-        let seen = Arc::new(Mutex::new(HashMap::new()));
-        let (synced, on_sync) = tokio::sync::oneshot::channel();
         let record = seen.clone();
-        let task = tokio::spawn(async move {
-            let mut synced = Some(synced);
-            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
-            while let Some(event) = events.next().await {
-                let at = Instant::now();
-                match event {
-                    Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
-                        if is_ready(&object) {
-                            let mut seen = record.lock().unwrap();
-                            seen.entry(object.name_any()).or_insert(at);
-                        }
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(synced) = synced.take() {
-                            let _ = synced.send(());
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(error) => eprintln!("bench watch: {error}"),
+        let mut watches = vec![watch_from(
+            env.dyn_api(&resource),
+            watcher::Config::default(),
+            move |object, at| {
+                if is_ready(&object) {
+                    let mut seen = record.lock().unwrap();
+                    seen.entry(object.name_any()).or_insert(at);
                 }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(30), on_sync)
-            .await
-            .context("the bench's watch did not sync")??;
-        Ok(Self { seen, task })
+            },
+        )];
+        if strategy == "warm" {
+            let record = labelled.clone();
+            watches.push(watch_from(
+                env.dyn_api(&ApiResource::erase::<Pod>(&())),
+                watcher::Config::default().labels(context_service::pool::names::POOL_LABEL),
+                move |object, at| {
+                    let Some(pool) = object
+                        .labels()
+                        .get(context_service::pool::names::POOL_LABEL)
+                    else {
+                        return;
+                    };
+                    let mut labelled = record.lock().unwrap();
+                    labelled
+                        .entry(pool.clone())
+                        .or_default()
+                        .entry(object.name_any())
+                        .or_insert(at);
+                },
+            ));
+        }
+        let mut tasks = Vec::new();
+        for (task, synced) in watches {
+            tasks.push(task);
+            tokio::time::timeout(Duration::from_secs(30), synced)
+                .await
+                .context("the bench's watch did not sync")??;
+        }
+        Ok(Self {
+            seen,
+            labelled,
+            tasks,
+        })
     }
 
-    /// When the last of `names` was first seen ready.
-    fn last_ready(&self, names: &[String]) -> Result<Instant> {
+    /// When the last member of pool `name` (`names` as the watch knows
+    /// them) was first seen ready, and for a warm pool also labelled.
+    fn last_ready(&self, strategy: &str, name: &str, replicas: u32) -> Result<Instant> {
+        let names = member_names(strategy, name, replicas);
         let seen = self.seen.lock().unwrap();
         let mut last: Option<Instant> = None;
-        for name in names {
+        for member in &names {
             let at = seen
-                .get(name)
+                .get(member)
                 .copied()
-                .with_context(|| format!("{name} was never seen ready"))?;
+                .with_context(|| format!("{member} was never seen ready"))?;
             last = Some(last.map_or(at, |l| l.max(at)));
+        }
+        if strategy == "warm" {
+            let labelled = self.labelled.lock().unwrap();
+            let pods = labelled.get(name).map(HashMap::len).unwrap_or(0);
+            anyhow::ensure!(
+                pods >= replicas as usize,
+                "{pods} of {replicas} pods of {name} seen labelled"
+            );
+            last = last
+                .into_iter()
+                .chain(labelled[name].values().copied())
+                .max();
         }
         last.context("no members")
     }
 }
 
+/// Watches `api` with `config`, calling `record` with every object applied
+/// and when it arrived; answers the task and a receiver that fires once the
+/// first list is in.
+fn watch_from(
+    api: kube::Api<DynamicObject>,
+    config: watcher::Config,
+    record: impl Fn(DynamicObject, Instant) + Send + 'static,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let (synced, on_sync) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut synced = Some(synced);
+        let mut events = std::pin::pin!(watcher(api, config));
+        while let Some(event) = events.next().await {
+            let at = Instant::now();
+            match event {
+                Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                    record(object, at);
+                }
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(synced) = synced.take() {
+                        let _ = synced.send(());
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => eprintln!("bench watch: {error}"),
+            }
+        }
+    });
+    (task, on_sync)
+}
+
 impl Drop for ReadyWatch {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -187,13 +259,13 @@ async fn create_until_ready(
     let answered = Instant::now();
     // The bench's watch may deliver the last event a moment after the
     // service's did.
-    let mut last = watch.last_ready(&member_names(strategy, name, replicas));
+    let mut last = watch.last_ready(strategy, name, replicas);
     for _ in 0..100 {
         if last.is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
-        last = watch.last_ready(&member_names(strategy, name, replicas));
+        last = watch.last_ready(strategy, name, replicas);
     }
     let last = last?;
     let lag_ms = if answered >= last {

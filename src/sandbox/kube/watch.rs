@@ -61,8 +61,11 @@ impl Drop for Watchers {
     }
 }
 
-/// Starts one reflector per kind in `namespace`: claims, Sandboxes, PVCs and
-/// Pods with `managed-by=context-service`, and Sandboxes bound to claims.
+/// Starts one reflector per kind in `namespace`: claims, Sandboxes and PVCs
+/// with `managed-by=context-service`, Sandboxes bound to claims, and Pods
+/// with a pool label (what a pool's selector matches: a direct pool's pods
+/// carry ours, an adopted warm pod gets the pool label, and only that, from
+/// its claim).
 pub fn start(client: &Client, namespace: &str) -> (Caches, Watchers) {
     let (changed, changes) = watch::channel(0u64);
     let changed = Arc::new(changed);
@@ -80,8 +83,8 @@ pub fn start(client: &Client, namespace: &str) -> (Caches, Watchers) {
     let claims = spawn.reflector::<SandboxClaim>(managed.clone());
     let sandboxes = spawn.reflector::<Sandbox>(managed.clone());
     let claimed_sandboxes = spawn.reflector::<Sandbox>(claimed);
-    let pvcs = spawn.reflector::<PersistentVolumeClaim>(managed.clone());
-    let pods = spawn.reflector::<Pod>(managed);
+    let pvcs = spawn.reflector::<PersistentVolumeClaim>(managed);
+    let pods = spawn.reflector::<Pod>(watcher::Config::default().labels(names::POOL_LABEL));
     let caches = Caches {
         namespace: namespace.to_string(),
         claims,

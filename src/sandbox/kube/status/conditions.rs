@@ -11,6 +11,9 @@ use super::super::crd::Condition;
 /// Reason of a member (or workspace) that is being deleted.
 pub(super) const TERMINATING: &str = "Terminating";
 
+/// Reason of a warm member whose pod the pool's selector does not match yet.
+pub(super) const POD_UNLABELLED: &str = "PodLabelPending";
+
 /// Sandbox / claim `Ready` reasons after which the member will not become
 /// ready without intervention (agent-sandbox §1.3, §1.6; the Python SDK's
 /// terminal list plus the missing-reference and terminal-pod reasons).
@@ -80,6 +83,16 @@ impl Problem {
                 }
             }
             _ => from_ready,
+        }
+    }
+
+    /// The claim is ready but its pod does not carry the pool label yet,
+    /// so the pool's selector does not find it.
+    pub(super) fn pod_unlabelled(object: &str, pod: &str) -> Self {
+        Self {
+            reason: POD_UNLABELLED.to_string(),
+            message: format!("{object}: waiting for the pool label on pod {pod}"),
+            terminal: false,
         }
     }
 

@@ -19,7 +19,7 @@
 mod conditions;
 mod workspace;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -173,6 +173,9 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
     claims.sort_by_key(|claim| index_key(&claim.name_any()));
     let first = claims[0];
     let replicas = replicas_from(first.annotations()).unwrap_or(claims.len() as u32);
+    // The pods the caches hold with this pool's label: what the pool's
+    // selector matches.
+    let labelled: BTreeSet<String> = objects.pods.iter().map(|pod| pod.name_any()).collect();
     let mut members = Vec::with_capacity(claims.len());
     let mut problems = Vec::new();
     for claim in &claims {
@@ -181,7 +184,7 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
             .as_ref()
             .and_then(|status| condition(&status.conditions, "Ready"));
         let terminating = claim.metadata.deletion_timestamp.is_some();
-        let ready = is_true(ready_condition) && !terminating;
+        let claim_ready = is_true(ready_condition) && !terminating;
         let bound = claim
             .status
             .as_ref()
@@ -196,27 +199,44 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
                 // seen or the claim reports ready.
                 let pod = match sandbox {
                     Some(sandbox) => Some(pod_name(sandbox)),
-                    None if ready => Some(sandbox_name.to_string()),
+                    None if claim_ready => Some(sandbox_name.to_string()),
                     None => None,
                 };
                 Member {
                     name: sandbox_name.to_string(),
                     pod,
-                    ready,
+                    ready: claim_ready,
                 }
             }
             None => Member {
                 name: claim.name_any(),
                 pod: None,
-                ready,
+                ready: claim_ready,
             },
         };
+        // The controller copies the claim's pod label onto the adopted pod
+        // a moment after the claim turns ready: until then the pool's
+        // selector does not find the member, so it is not ready yet.
+        let unlabelled = claim_ready
+            && asks_pool_label(claim, name)
+            && !member
+                .pod
+                .as_ref()
+                .is_some_and(|pod| labelled.contains(pod));
         if terminating {
             problems.push(Problem::terminating(&claim.name_any()));
-        } else if !ready {
+        } else if !claim_ready {
             problems.push(Problem::from_condition(&claim.name_any(), ready_condition));
+        } else if unlabelled {
+            problems.push(Problem::pod_unlabelled(
+                &claim.name_any(),
+                member.pod.as_deref().unwrap_or(&member.name),
+            ));
         }
-        members.push(member);
+        members.push(Member {
+            ready: claim_ready && !unlabelled,
+            ..member
+        });
     }
     let strategy = Strategy::Warm {
         pool: first.spec.warm_pool_ref.name.clone(),
@@ -233,6 +253,17 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
     );
     status.expires_at = expires_at(first.annotations());
     status
+}
+
+/// The claim asks the controller to put pool `pool`'s label on its pod (as
+/// the service's claims do unless `--kube-claim-pod-label` is off).
+fn asks_pool_label(claim: &SandboxClaim, pool: &str) -> bool {
+    claim
+        .spec
+        .additional_pod_metadata
+        .as_ref()
+        .and_then(|metadata| metadata.labels.get(names::POOL_LABEL))
+        .is_some_and(|value| value == pool)
 }
 
 /// The Sandbox a claim is bound to, only if it really belongs to that claim

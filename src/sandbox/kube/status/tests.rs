@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::super::crd::PodMetadata;
 use super::*;
 use crate::pool::model::PoolPhase;
 use serde_json::{json, Value};
@@ -576,6 +577,88 @@ fn all_claims_ready_is_ready_even_before_the_sandboxes_are_cached() {
     assert_eq!(status.ready_replicas, 2);
     // Falls back to the Sandbox name, as the SDKs do.
     assert_eq!(status.members[1].pod.as_deref(), Some("agents-q"));
+}
+
+/// A claim of pool `p` that asks for the pool label on its pod, as the
+/// service's claims do, bound to Sandbox `sandbox` and `Ready`.
+fn labelling_claim(name: &str, uid: &str, sandbox: &str) -> Arc<SandboxClaim> {
+    let mut claim = claim(
+        name,
+        uid,
+        json!({"sandbox": {"name": sandbox}, "conditions": [ready()]}),
+    );
+    Arc::make_mut(&mut claim).spec.additional_pod_metadata = Some(PodMetadata {
+        labels: BTreeMap::from([(names::POOL_LABEL.to_string(), "p".to_string())]),
+        annotations: BTreeMap::new(),
+    });
+    claim
+}
+
+#[test]
+fn a_ready_warm_member_waits_for_the_pool_label_on_its_pod() {
+    let mut objects = PoolObjects {
+        claims: vec![
+            labelling_claim("claim-p-0", "uid-0", "agents-a"),
+            labelling_claim("claim-p-1", "uid-1", "agents-b"),
+        ],
+        bound_sandboxes: vec![adopted("agents-b", "uid-1", Some("agents-b-pod"))],
+        // Only pods with the pool's label are in the pool's objects.
+        pods: vec![pod("agents-a", "Running", "")],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.ready_replicas, 1);
+    assert_eq!(status.reason.as_deref(), Some("PodLabelPending"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("claim-p-1: waiting for the pool label on pod agents-b-pod")
+    );
+    assert_eq!(
+        status.members.iter().map(|m| m.ready).collect::<Vec<_>>(),
+        [true, false]
+    );
+
+    objects.pods.push(pod("agents-b-pod", "Running", ""));
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.phase, PoolPhase::Ready);
+    assert_eq!(status.ready_replicas, 2);
+    assert_eq!(status.reason, None);
+}
+
+#[test]
+fn a_claim_that_does_not_ask_for_the_label_does_not_wait_for_it() {
+    // `--kube-claim-pod-label=false`: no label will come.
+    let bound = json!({"sandbox": {"name": "agents-a"}, "conditions": [ready()]});
+    // A claim asking for another pool's label: not this pool's selector.
+    let other_pool = |name: &str, uid: &str, sandbox: &str| {
+        let mut claim = labelling_claim(name, uid, sandbox);
+        Arc::make_mut(&mut claim)
+            .spec
+            .additional_pod_metadata
+            .as_mut()
+            .expect("metadata")
+            .labels
+            .insert(names::POOL_LABEL.to_string(), "q".to_string());
+        claim
+    };
+    for claims in [
+        vec![
+            claim("claim-p-0", "uid-0", bound.clone()),
+            claim("claim-p-1", "uid-1", bound),
+        ],
+        vec![
+            other_pool("claim-p-0", "uid-0", "agents-a"),
+            other_pool("claim-p-1", "uid-1", "agents-b"),
+        ],
+    ] {
+        let objects = PoolObjects {
+            claims,
+            ..PoolObjects::default()
+        };
+        let status = pool_status("p", &objects, false).expect("pool");
+        assert_eq!(status.phase, PoolPhase::Ready);
+    }
 }
 
 #[test]
