@@ -49,7 +49,7 @@ async fn with_delivery_env<F, Fut>(
             adjust(cfg);
         })
         .await;
-        body(Env { kube, ns, server }).await
+        body(Env::new(kube, ns, server)).await
     })
     .await;
 }

@@ -801,11 +801,7 @@ async fn a_second_replica_removes_a_pool_whose_creator_died_half_way() {
         drop(a);
 
         let b = start_server_with(&ns, settings.clone()).await;
-        let env = Env {
-            kube,
-            ns,
-            server: b,
-        };
+        let env = Env::new(kube, ns, b);
         ensure!(
             env.names::<PersistentVolumeClaim>(&selector("half"))
                 .await?

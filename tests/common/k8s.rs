@@ -72,6 +72,10 @@ pub(crate) struct Env {
     pub ns: String,
     /// The service under test.
     pub server: TestServer,
+    /// [`USER`]'s caller of `server`, made once: a client and a signed
+    /// token per request would time the test's own set-up (a TLS client
+    /// config and a signature each) in every figure of the bench.
+    caller: Caller,
 }
 
 /// Runs `body` in a fresh namespace and deletes the namespace afterwards,
@@ -137,7 +141,7 @@ where
 {
     with_namespace(prefix, |kube, ns| async move {
         let server = start_server_with(&ns, adjust).await;
-        body(Env { kube, ns, server }).await
+        body(Env::new(kube, ns, server)).await
     })
     .await;
 }
@@ -201,6 +205,17 @@ async fn start_server_as(
 }
 
 impl Env {
+    /// The world of namespace `ns` with `server` as the service under test.
+    pub(crate) fn new(kube: Client, ns: String, server: TestServer) -> Self {
+        let caller = Caller::user(&server, USER);
+        Self {
+            kube,
+            ns,
+            server,
+            caller,
+        }
+    }
+
     /// `Api<K>` in the test namespace.
     pub(crate) fn api<K>(&self) -> Api<K>
     where
@@ -217,7 +232,7 @@ impl Env {
     /// A raw request as [`USER`] (fallible, unlike [`Caller`]'s shortcuts,
     /// so that a failure is reported as the step's error).
     pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        Caller::user(&self.server, USER).request(method, path)
+        self.caller.request(method, path)
     }
 
     /// `POST /v1/sandbox-pools` with `body`, as [`USER`].

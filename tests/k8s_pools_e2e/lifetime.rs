@@ -94,12 +94,10 @@ async fn suspend_and_resume_remove_and_restore_pods_keeping_volumes() {
         assert!(took < Duration::from_secs(10), "{took:?}");
 
         // The state is in the cluster, not in the service.
-        let Env { kube, ns, server } = env;
-        let env = Env {
-            kube,
-            ns,
-            server: server.restart().await,
-        };
+        let Env {
+            kube, ns, server, ..
+        } = env;
+        let env = Env::new(kube, ns, server.restart().await);
         let (status, text) = env.get_pool("nap").await;
         assert_eq!(status, 200, "{text}");
         let read: Pool = serde_json::from_str(&text)?;
@@ -215,6 +213,7 @@ async fn ttl_expiry_removes_every_object_across_a_restart() {
             kube,
             ns,
             mut server,
+            ..
         } = env;
         server.stop().await;
         let wait = at
@@ -224,11 +223,7 @@ async fn ttl_expiry_removes_every_object_across_a_restart() {
             .max(0)
             + 3;
         tokio::time::sleep(Duration::from_secs(wait.unsigned_abs())).await;
-        let env = Env {
-            kube,
-            ns,
-            server: server.restart().await,
-        };
+        let env = Env::new(kube, ns, server.restart().await);
         env.wait_pool_objects_gone("brief").await?;
         env.wait_pool_objects_gone("hot").await?;
         wait_deleted(&env.api::<PersistentVolumeClaim>(), "brief-workspace").await?;
