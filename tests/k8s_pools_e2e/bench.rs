@@ -334,11 +334,28 @@ where
         let env = Arc::new(env);
         let out = body(env.clone(), watch).await?;
         settle(&env).await?;
-        let _ = tx.send(out);
+        let _ = tx.send((out, env.kube.clone(), env.ns.clone()));
         Ok(())
     })
     .await;
-    rx.await.expect("the bench body answered")
+    let (out, kube, ns) = rx.await.expect("the bench body answered");
+    namespace_gone(kube, &ns).await;
+    out
+}
+
+/// Waits (untimed) until the namespace controller has removed `ns`: its
+/// sweep of every resource type loaded the API server during the next
+/// repetition's creates and deletes.
+async fn namespace_gone(kube: kube::Client, ns: &str) {
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(kube);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        match namespaces.get_opt(ns).await {
+            Ok(None) => return,
+            Ok(Some(_)) | Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    eprintln!("bench: namespace {ns} still there after 120 s");
 }
 
 /// Time from `POST /v1/sandbox-pools` to `ready` for 1, 10 and 50 replicas
