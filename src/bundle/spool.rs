@@ -37,8 +37,10 @@ struct BlockRef {
 /// Append-only spool of file contents.
 pub(crate) struct Spool {
     writer: BufWriter<Charged<File>>,
-    /// The block being filled.
+    /// The block being filled: `raw[..filled]` (always `BLOCK` long, so a
+    /// reader can fill it in place).
     raw: Vec<u8>,
+    filled: usize,
     /// Compression output, reused.
     packed: Vec<u8>,
     table: CompressTable,
@@ -57,7 +59,8 @@ impl Spool {
         };
         Ok(Self {
             writer: BufWriter::with_capacity(CHUNK, Charged::new(file, charge)),
-            raw: Vec::with_capacity(BLOCK),
+            raw: vec![0; BLOCK],
+            filled: 0,
             packed: vec![0; lz4::get_maximum_output_size(BLOCK)],
             table: CompressTable::default(),
             index: Vec::new(),
@@ -74,28 +77,43 @@ impl Spool {
     /// Appends `buf`.
     pub(crate) fn append(&mut self, mut buf: &[u8]) -> io::Result<()> {
         while !buf.is_empty() {
-            let n = buf.len().min(BLOCK - self.raw.len());
-            self.raw.extend_from_slice(&buf[..n]);
-            self.len += n as u64;
+            let n = buf.len().min(BLOCK - self.filled);
+            self.spare()[..n].copy_from_slice(&buf[..n]);
+            self.commit(n)?;
             buf = &buf[n..];
-            if self.raw.len() == BLOCK {
-                self.seal()?;
-            }
+        }
+        Ok(())
+    }
+
+    /// Room left in the block being filled (never empty): fill a prefix
+    /// of it, then [`Spool::commit`] that many bytes. Saves a copy over
+    /// [`Spool::append`] for a reader.
+    pub(crate) fn spare(&mut self) -> &mut [u8] {
+        &mut self.raw[self.filled..]
+    }
+
+    /// Appends the first `n` bytes of [`Spool::spare`].
+    pub(crate) fn commit(&mut self, n: usize) -> io::Result<()> {
+        self.filled = (self.filled + n).min(BLOCK);
+        self.len += n as u64;
+        if self.filled == BLOCK {
+            self.seal()?;
         }
         Ok(())
     }
 
     /// Writes the block being filled (compressed when that is smaller).
     fn seal(&mut self) -> io::Result<()> {
-        if self.raw.is_empty() {
+        if self.filled == 0 {
             return Ok(());
         }
-        let n = lz4::compress_into_with_table(&self.raw, &mut self.packed, &mut self.table)
+        let raw = &self.raw[..self.filled];
+        let n = lz4::compress_into_with_table(raw, &mut self.packed, &mut self.table)
             .map_err(io::Error::other)?;
-        let (bytes, compressed) = if n < self.raw.len() {
+        let (bytes, compressed) = if n < raw.len() {
             (&self.packed[..n], true)
         } else {
-            (&self.raw[..], false)
+            (raw, false)
         };
         self.writer.write_all(bytes)?;
         self.index.push(BlockRef {
@@ -104,7 +122,7 @@ impl Spool {
             compressed,
         });
         self.stored += bytes.len() as u64;
-        self.raw.clear();
+        self.filled = 0;
         Ok(())
     }
 

@@ -38,7 +38,7 @@ pub use engine::BundleOut;
 
 use engine::{start_hasher, Dest, Engine, Forward, PieceBuf, Written};
 use pipeline::{is_big, Bundle, Pipeline, RawTap, Shared};
-use writer::{hex, AppendError, CanonicalTar, CHUNK};
+use writer::{hex, AppendError, CanonicalTar};
 
 use super::budget::Charge;
 use super::context_layout;
@@ -286,7 +286,6 @@ fn walk<'scope, R: Read>(
     let mut entries = 0u64;
     let mut root_seen = false;
     let mut members = 0u64;
-    let mut buf = vec![0u8; CHUNK];
 
     while let Some(member) = walker.next_member()? {
         members += 1;
@@ -336,7 +335,7 @@ fn walk<'scope, R: Read>(
                     pack_member(&mut walker, &mut spool, d, key, member.size)?;
                     packed.insert(key);
                 }
-                (MemberKind::File { .. }, _) => copy_to_spool(&mut walker, &mut spool, &mut buf)?,
+                (MemberKind::File { .. }, _) => copy_to_spool(&mut walker, &mut spool)?,
                 (MemberKind::Dir, _) => {}
             }
             continue;
@@ -423,19 +422,16 @@ pub(crate) struct Emitted {
     pub bundle: Bundle,
 }
 
-fn copy_to_spool<R: Read>(
-    walker: &mut TarWalker<R>,
-    spool: &mut Spool,
-    buf: &mut [u8],
-) -> Result<(), BundleError> {
+fn copy_to_spool<R: Read>(walker: &mut TarWalker<R>, spool: &mut Spool) -> Result<(), BundleError> {
     loop {
-        let n = match walker.data().read(buf) {
+        // Straight into the spool's block: no copy in between.
+        let n = match walker.data().read(spool.spare()) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(walker.cause(e)),
         };
-        spool.append(&buf[..n]).map_err(storage)?;
+        spool.commit(n).map_err(storage)?;
     }
 }
 
