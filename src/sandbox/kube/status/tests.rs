@@ -106,6 +106,14 @@ fn adopted(name: &str, claim_uid: &str, pod_name: Option<&str>) -> Arc<Sandbox> 
     )
 }
 
+/// `status` is provisioning with `ready` members ready, for `reason`.
+fn assert_provisioning(status: &PoolStatus, ready: u32, reason: &str, message: &str) {
+    assert_eq!(status.phase, PoolPhase::Provisioning);
+    assert_eq!(status.ready_replicas, ready);
+    assert_eq!(status.reason.as_deref(), Some(reason));
+    assert_eq!(status.message.as_deref(), Some(message));
+}
+
 #[test]
 fn no_objects_is_no_pool() {
     assert_eq!(pool_status("p", &PoolObjects::default(), false), None);
@@ -162,12 +170,11 @@ fn pending_sandbox_is_provisioning_with_its_reason() {
         ..PoolObjects::default()
     };
     let status = pool_status("p", &objects, false).expect("pool");
-    assert_eq!(status.phase, PoolPhase::Provisioning);
-    assert_eq!(status.ready_replicas, 1);
-    assert_eq!(status.reason.as_deref(), Some("DependenciesNotReady"));
-    assert_eq!(
-        status.message.as_deref(),
-        Some("sandbox-p-1: Pod exists with phase: Pending")
+    assert_provisioning(
+        &status,
+        1,
+        "DependenciesNotReady",
+        "sandbox-p-1: Pod exists with phase: Pending",
     );
     assert_eq!(
         status.members,
@@ -607,12 +614,11 @@ fn a_ready_warm_member_waits_for_the_pool_label_on_its_pod() {
         ..PoolObjects::default()
     };
     let status = pool_status("p", &objects, false).expect("pool");
-    assert_eq!(status.phase, PoolPhase::Provisioning);
-    assert_eq!(status.ready_replicas, 1);
-    assert_eq!(status.reason.as_deref(), Some("PodLabelPending"));
-    assert_eq!(
-        status.message.as_deref(),
-        Some("claim-p-1: waiting for the pool label on pod agents-b-pod")
+    assert_provisioning(
+        &status,
+        1,
+        "PodLabelPending",
+        "claim-p-1: waiting for the pool label on pod agents-b-pod",
     );
     assert_eq!(
         status.members.iter().map(|m| m.ready).collect::<Vec<_>>(),
