@@ -277,6 +277,12 @@ fn invalid(entry: Option<&str>, detail: impl Into<String>) -> BundleError {
     }
 }
 
+/// How errors name a member: its normalised `path`, or for the archive
+/// root (no path) the name as written.
+fn entry_name(raw: &[u8], path: Option<&CanonPath>) -> String {
+    path.map_or_else(|| display_name(raw), |p| p.as_str().to_owned())
+}
+
 fn padded(size: u64) -> u64 {
     size.div_ceil(BLOCK).saturating_mul(BLOCK)
 }
@@ -340,10 +346,8 @@ impl<R: Read> TarWalker<R> {
     /// name as written for the archive root.
     pub(crate) fn current_entry(&self) -> Option<String> {
         let raw = self.current.as_deref()?;
-        Some(match normalize(raw, &self.limits) {
-            Ok(Some(path)) => path.as_str().to_owned(),
-            _ => display_name(raw),
-        })
+        let path = normalize(raw, &self.limits).ok().flatten();
+        Some(entry_name(raw, path.as_ref()))
     }
 
     /// Reads until `buf` is full or the stream ends; returns bytes read.
@@ -553,9 +557,8 @@ impl<R: Read> TarWalker<R> {
         };
         let size = pending.pax_size.unwrap_or(header_size);
         let path = normalize(&raw, &self.limits)?;
-        // Names for error messages, made only when one is needed.
-        let name = || display_name(&raw);
-        let shown = || path.as_ref().map_or_else(name, |p| p.as_str().to_owned());
+        // The name for error messages, made only when one is needed.
+        let shown = || entry_name(&raw, path.as_ref());
         let kind = match type_flag {
             b'0' | b'\0' | b'7' => {
                 if pending.sparse {
@@ -567,7 +570,7 @@ impl<R: Read> TarWalker<R> {
                     return Err(invalid(Some(&shown()), "regular file name ends with '/'"));
                 }
                 if path.is_none() {
-                    return Err(BundleError::EmptyPath { entry: name() });
+                    return Err(BundleError::EmptyPath { entry: shown() });
                 }
                 let mode = match plain_octal(&header.as_old().mode) {
                     Some(m) => u32::try_from(m).unwrap_or(u32::MAX),

@@ -155,16 +155,19 @@ impl ReadyWatch {
             last = Some(last.map_or(at, |l| l.max(at)));
         }
         if strategy == "warm" {
-            let labelled = self.labelled.lock().unwrap();
-            let pods = labelled.get(name).map(HashMap::len).unwrap_or(0);
+            let pods: Vec<Instant> = self
+                .labelled
+                .lock()
+                .unwrap()
+                .get(name)
+                .map(|pods| pods.values().copied().collect())
+                .unwrap_or_default();
             anyhow::ensure!(
-                pods >= replicas as usize,
-                "{pods} of {replicas} pods of {name} seen labelled"
+                pods.len() >= replicas as usize,
+                "{} of {replicas} pods of {name} seen labelled",
+                pods.len()
             );
-            last = last
-                .into_iter()
-                .chain(labelled[name].values().copied())
-                .max();
+            last = last.into_iter().chain(pods).max();
         }
         last.context("no members")
     }
@@ -347,15 +350,10 @@ where
 /// sweep of every resource type loaded the API server during the next
 /// repetition's creates and deletes.
 async fn namespace_gone(kube: kube::Client, ns: &str) {
-    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(kube);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while Instant::now() < deadline {
-        match namespaces.get_opt(ns).await {
-            Ok(None) => return,
-            Ok(Some(_)) | Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
+    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(kube);
+    if let Err(error) = wait_deleted(&namespaces, ns).await {
+        eprintln!("bench: {error:#}");
     }
-    eprintln!("bench: namespace {ns} still there after 120 s");
 }
 
 /// Time from `POST /v1/sandbox-pools` to `ready` for 1, 10 and 50 replicas

@@ -191,7 +191,7 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
             .and_then(|status| status.sandbox.as_ref())
             .map(|sandbox| sandbox.name.as_str())
             .filter(|name| !name.is_empty());
-        let member = match bound {
+        let (member_name, pod) = match bound {
             Some(sandbox_name) => {
                 let sandbox = bound_sandbox(claim, sandbox_name, &objects.bound_sandboxes);
                 // Pod name = the controller's annotation, falling back to the
@@ -202,27 +202,16 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
                     None if claim_ready => Some(sandbox_name.to_string()),
                     None => None,
                 };
-                Member {
-                    name: sandbox_name.to_string(),
-                    pod,
-                    ready: claim_ready,
-                }
+                (sandbox_name.to_string(), pod)
             }
-            None => Member {
-                name: claim.name_any(),
-                pod: None,
-                ready: claim_ready,
-            },
+            None => (claim.name_any(), None),
         };
         // The controller copies the claim's pod label onto the adopted pod
         // a moment after the claim turns ready: until then the pool's
         // selector does not find the member, so it is not ready yet.
         let unlabelled = claim_ready
             && asks_pool_label(claim, name)
-            && !member
-                .pod
-                .as_ref()
-                .is_some_and(|pod| labelled.contains(pod));
+            && !pod.as_ref().is_some_and(|pod| labelled.contains(pod));
         if terminating {
             problems.push(Problem::terminating(&claim.name_any()));
         } else if !claim_ready {
@@ -230,12 +219,13 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
         } else if unlabelled {
             problems.push(Problem::pod_unlabelled(
                 &claim.name_any(),
-                member.pod.as_deref().unwrap_or(&member.name),
+                pod.as_deref().unwrap_or(&member_name),
             ));
         }
         members.push(Member {
+            name: member_name,
+            pod,
             ready: claim_ready && !unlabelled,
-            ..member
         });
     }
     let strategy = Strategy::Warm {
