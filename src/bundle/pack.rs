@@ -148,7 +148,7 @@ impl Walk<'_> {
                     kind: LinkKind::Symbolic,
                 });
             } else if ft.is_dir() {
-                self.tree.add_dir(&path)?;
+                self.tree.add_dir(path)?;
                 self.add_estimate(header_cost, &entry)?;
                 self.dir(&fs_path, &raw)?;
             } else if ft.is_file() {
@@ -165,7 +165,7 @@ impl Walk<'_> {
                     exec: meta.permissions().mode() & 0o100 != 0,
                     offset: self.sources.len() as u64,
                 };
-                self.tree.add_file(&path, node)?;
+                self.tree.add_file(path, node)?;
                 self.sources.push(fs_path);
                 self.add_estimate(header_cost + size.div_ceil(BLOCK) * BLOCK, &entry)?;
             } else if ft.is_fifo() {

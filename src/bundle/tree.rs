@@ -63,6 +63,13 @@ impl Tree {
         self.nodes.iter()
     }
 
+    /// Nodes in canonical order, freed as they go: a tree of many small
+    /// files takes a while to free, and the emitter has the time to spare
+    /// while the revision hasher is the bottleneck.
+    pub(crate) fn into_nodes(self) -> impl Iterator<Item = (CanonPath, Node)> {
+        self.nodes.into_iter()
+    }
+
     /// The node at `path`, if any.
     pub(crate) fn get(&self, path: &str) -> Option<&Node> {
         self.nodes.get(&CanonPath::from_trusted(path.to_owned()))
@@ -103,9 +110,9 @@ impl Tree {
     /// Adds an explicit directory. Answers how many nodes this created: see
     /// [`created_by`] for which (none when the directory was already
     /// implied).
-    pub(crate) fn add_dir(&mut self, path: &CanonPath) -> Result<usize, BundleError> {
-        let parents = self.ensure_parents(path)?;
-        match self.nodes.get_mut(path) {
+    pub(crate) fn add_dir(&mut self, path: CanonPath) -> Result<usize, BundleError> {
+        let parents = self.ensure_parents(&path)?;
+        match self.nodes.get_mut(&path) {
             Some(Node::File(_)) => Err(BundleError::FileDirConflict {
                 entry: path.as_str().to_owned(),
             }),
@@ -117,8 +124,7 @@ impl Tree {
                 Ok(parents)
             }
             None => {
-                self.nodes
-                    .insert(path.clone(), Node::Dir { explicit: true });
+                self.nodes.insert(path, Node::Dir { explicit: true });
                 self.dirs += 1;
                 Ok(parents + 1)
             }
@@ -129,11 +135,11 @@ impl Tree {
     /// implied parents and the file): see [`created_by`] for which.
     pub(crate) fn add_file(
         &mut self,
-        path: &CanonPath,
+        path: CanonPath,
         file: FileNode,
     ) -> Result<usize, BundleError> {
-        let parents = self.ensure_parents(path)?;
-        match self.nodes.entry(path.clone()) {
+        let parents = self.ensure_parents(&path)?;
+        match self.nodes.entry(path) {
             Entry::Occupied(o) => {
                 let entry = o.key().as_str().to_owned();
                 Err(match o.get() {
@@ -179,34 +185,34 @@ mod tests {
     fn implied_parents_then_explicit_dir_is_not_a_duplicate() {
         let mut t = Tree::default();
         let c = p("a/b/c");
-        let created = t.add_file(&c, F).unwrap();
+        let created = t.add_file(c.clone(), F).unwrap();
         assert_eq!(
             created_by(&c, created).collect::<Vec<_>>(),
             ["a", "a/b", "a/b/c"]
         );
-        assert_eq!(t.add_dir(&p("a/b")).unwrap(), 0);
-        assert_eq!(t.add_dir(&p("a/b")).unwrap_err().code(), "duplicate_path");
+        assert_eq!(t.add_dir(p("a/b")).unwrap(), 0);
+        assert_eq!(t.add_dir(p("a/b")).unwrap_err().code(), "duplicate_path");
         assert_eq!((t.files(), t.dirs()), (1, 2));
     }
 
     #[test]
     fn siblings_after_a_cached_parent_still_conflict_and_count() {
         let mut t = Tree::default();
-        t.add_file(&p("d/x"), F).unwrap();
+        t.add_file(p("d/x"), F).unwrap();
         let y = p("d/y");
-        let created = t.add_file(&y, F).unwrap();
+        let created = t.add_file(y.clone(), F).unwrap();
         assert_eq!(created_by(&y, created).collect::<Vec<_>>(), ["d/y"]);
         assert_eq!(
-            t.add_file(&p("d/x"), F).unwrap_err().code(),
+            t.add_file(p("d/x"), F).unwrap_err().code(),
             "duplicate_path"
         );
-        t.add_dir(&p("d/sub")).unwrap();
-        let e = t.add_file(&p("d/sub"), F).unwrap_err();
+        t.add_dir(p("d/sub")).unwrap();
+        let e = t.add_file(p("d/sub"), F).unwrap_err();
         assert_eq!(e.code(), "file_dir_conflict");
         // Another directory, then back: the walk runs again and still
         // sees the file `e` in the way.
-        t.add_file(&p("e"), F).unwrap();
-        let e = t.add_file(&p("e/z"), F).unwrap_err();
+        t.add_file(p("e"), F).unwrap();
+        let e = t.add_file(p("e/z"), F).unwrap_err();
         assert_eq!((e.code(), e.entry()), ("file_dir_conflict", Some("e")));
         assert_eq!((t.files(), t.dirs()), (3, 2));
     }
@@ -214,9 +220,9 @@ mod tests {
     #[test]
     fn a_new_directory_creates_its_missing_parents_and_itself() {
         let mut t = Tree::default();
-        t.add_file(&p("x/f"), F).unwrap();
+        t.add_file(p("x/f"), F).unwrap();
         let z = p("x/y/z");
-        let created = t.add_dir(&z).unwrap();
+        let created = t.add_dir(z.clone()).unwrap();
         assert_eq!(
             created_by(&z, created).collect::<Vec<_>>(),
             ["x/y", "x/y/z"]
@@ -228,8 +234,8 @@ mod tests {
     #[test]
     fn file_under_file_conflicts() {
         let mut t = Tree::default();
-        t.add_file(&p("a"), F).unwrap();
-        let e = t.add_file(&p("a/b"), F).unwrap_err();
+        t.add_file(p("a"), F).unwrap();
+        let e = t.add_file(p("a/b"), F).unwrap_err();
         assert_eq!((e.code(), e.entry()), ("file_dir_conflict", Some("a")));
     }
 }

@@ -26,6 +26,7 @@ mod pgzip;
 mod pipeline;
 pub(crate) mod writer;
 
+use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fs::File;
@@ -192,11 +193,16 @@ impl<R: Read> Read for Tee<'_, R> {
     }
 }
 
-fn check_entries(entries: u64, limits: &Limits, entry: &str) -> Result<(), BundleError> {
+/// `entry` names the member that went over, made only then.
+fn check_entries(
+    entries: u64,
+    limits: &Limits,
+    entry: impl FnOnce() -> String,
+) -> Result<(), BundleError> {
     if entries > limits.entries {
         return Err(BundleError::TooManyEntries {
             limit: limits.entries,
-            entry: entry.to_owned(),
+            entry: entry(),
         });
     }
     Ok(())
@@ -295,15 +301,19 @@ fn walk<'scope, R: Read>(
             if !root_seen {
                 root_seen = true;
                 entries += 1;
-                check_entries(entries, limits, &walker.current_entry().unwrap_or_default())?;
+                check_entries(entries, limits, || {
+                    walker.current_entry().unwrap_or_default()
+                })?;
             }
             continue;
         };
         let key = spool.len();
+        // The tree takes the path; speculation still needs it afterwards.
+        let kept = spec.is_some().then(|| path.clone());
         let created = match member.kind {
-            MemberKind::Dir => tree.add_dir(&path)?,
+            MemberKind::Dir => tree.add_dir(path)?,
             MemberKind::File { exec } => tree.add_file(
-                &path,
+                path,
                 FileNode {
                     size: member.size,
                     exec,
@@ -314,22 +324,27 @@ fn walk<'scope, R: Read>(
         // Each distinct path counts once: an explicit directory that arrives
         // after the files that implied it creates nothing new.
         entries += created as u64;
-        check_entries(entries, limits, path.as_str())?;
+        check_entries(entries, limits, || {
+            walker.current_entry().unwrap_or_default()
+        })?;
 
-        let out_of_order = spec
-            .as_ref()
-            .and_then(|s| s.last.as_ref())
-            .is_some_and(|last| {
-                created_by(&path, created)
-                    .next()
-                    .is_some_and(|first| canonical_cmp(first, last.as_str()).is_le())
-            });
+        let out_of_order = match (&spec, &kept) {
+            (
+                Some(Speculation {
+                    last: Some(last), ..
+                }),
+                Some(path),
+            ) => created_by(path, created)
+                .next()
+                .is_some_and(|first| canonical_cmp(first, last.as_str()).is_le()),
+            _ => false,
+        };
         if out_of_order {
             if let Some(s) = spec.take() {
                 packed.extend(s.abandon());
             }
         }
-        let Some(s) = spec.as_mut() else {
+        let (Some(s), Some(path)) = (spec.as_mut(), kept) else {
             match (member.kind, dispatch) {
                 (MemberKind::File { .. }, Some(d)) if is_big(member.size) => {
                     pack_member(&mut walker, &mut spool, d, key, member.size)?;
@@ -390,11 +405,13 @@ fn walk<'scope, R: Read>(
         Some(s) => finish_speculation(s)?,
         None => None,
     };
+    let (files, dirs) = (tree.files(), tree.dirs());
     let emitted = match speculated {
         Some(e) => e,
         None => {
             // A bundle speculation gave up may have packed more files.
-            emit_tree(s, &tree, &mut open, &|_, e| storage(e), dispatch, &packed)?
+            let nodes = tree.into_nodes();
+            emit_tree(s, nodes, &mut open, &|_, e| storage(e), dispatch, &packed)?
         }
     };
     drop(raw);
@@ -403,8 +420,8 @@ fn walk<'scope, R: Read>(
             revision: emitted.revision,
             tar_bytes: emitted.tar_bytes,
             entries: emitted.entries,
-            files: tree.files(),
-            dirs: tree.dirs(),
+            files,
+            dirs,
             compressed: compressed_bytes,
             inflated: inflated_bytes,
             members,
@@ -486,13 +503,13 @@ fn finish_speculation(s: Speculation<'_>) -> Result<Option<Emitted>, BundleError
     }))
 }
 
-/// Emits the canonical archive of `tree`, reading file contents through
-/// `open`: hashed on one thread, compressed into a new bundle through
-/// `dispatch` (if any). Large files in `packed` are copied, already
-/// compressed, from the packed spool.
-pub(crate) fn emit_tree<'a, 'scope>(
+/// Emits the canonical archive of a tree's `nodes` (in canonical order),
+/// reading file contents through `open`: hashed on one thread, compressed
+/// into a new bundle through `dispatch` (if any). Large files in `packed`
+/// are copied, already compressed, from the packed spool.
+pub(crate) fn emit_tree<'a, 'scope, P: Borrow<CanonPath>>(
     s: &'scope Scope<'scope, '_>,
-    tree: &Tree,
+    nodes: impl Iterator<Item = (P, Node)>,
     open: &mut context_layout::Opener<'a>,
     read_err: &dyn Fn(&str, io::Error) -> BundleError,
     dispatch: Option<&Shared>,
@@ -504,11 +521,12 @@ pub(crate) fn emit_tree<'a, 'scope>(
         None => Pipeline::hash_only(tx),
     };
     let mut tar = CanonicalTar::new(pipeline);
-    for (path, node) in tree.iter() {
+    for (path, node) in nodes {
+        let path = path.borrow();
         match node {
             Node::Dir { .. } => tar.append_dir(path.as_str()).map_err(storage)?,
             Node::File(f) => {
-                let data = open(path.as_str(), f)?;
+                let data = open(path.as_str(), &f)?;
                 let prepacked = packed.contains(&f.offset) && is_big(f.size);
                 tar.append_file(path.as_str(), f.size, f.exec, data, f.offset, prepacked)
                     .map_err(|e| match e {
@@ -548,7 +566,8 @@ pub(crate) fn pack_tree<'a, W: io::Write + Send>(
         let (d, engine) =
             Engine::start(s, &mut out, level, threads, None, Charge::default()).map_err(storage)?;
         let dispatch = Shared::new(d);
-        let emitted = emit_tree(s, tree, open, read_err, Some(&dispatch), &HashSet::new());
+        let nodes = tree.iter().map(|(path, node)| (path, *node));
+        let emitted = emit_tree(s, nodes, open, read_err, Some(&dispatch), &HashSet::new());
         dispatch.close();
         let written = engine.join();
         let emitted = emitted?;
