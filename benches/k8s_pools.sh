@@ -12,7 +12,8 @@
 # BENCH_STORAGE_CLASS=name puts managed workspaces on that class (the test
 # environment has `standard`, Immediate, the default, and `wait-for-consumer`,
 # WaitForFirstConsumer); BENCH_STRATEGIES=warm,shared picks strategies
-# (default all three). The service is
+# (default all three); BENCH_REPLICAS=10 picks the one-pool sizes (default
+# 1,10,50); BENCH_CONCURRENT=0 skips the 20-concurrent rows. The service is
 # built optimised, as users run it (BENCH_PROFILE=test: the unoptimised test
 # profile the e2e runs already built).
 set -euo pipefail

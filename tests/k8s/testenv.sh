@@ -357,15 +357,21 @@ install_sandbox_crds() {
 ALLOWED_LABEL_DOMAINS="sandbox.users.io,context.rossoctl.io"
 SANDBOX_ETC=$STATE/sandbox-etc
 CONTROLLER_DOMAINS=$STATE/agent-sandbox-controller.domains
+# Extra controller flags (word-split), e.g. its burst settings; a running
+# controller started with other flags or domains is restarted.
+SANDBOX_CONTROLLER_ARGS=${SANDBOX_CONTROLLER_ARGS:-}
+CONTROLLER_SETTINGS="allowed label domains $ALLOWED_LABEL_DOMAINS; flags: $SANDBOX_CONTROLLER_ARGS"
 
 start_controller() {
 	if pid_alive "$CONTROLLER_PID"; then
 		# A controller started without (or with other) allowed domains, e.g.
 		# by an older version of this script, is restarted.
-		[ "$(cat "$CONTROLLER_DOMAINS" 2>/dev/null)" = "$ALLOWED_LABEL_DOMAINS" ] && return 0
-		log "restarting agent-sandbox-controller with allowed label domains $ALLOWED_LABEL_DOMAINS"
+		[ "$(cat "$CONTROLLER_DOMAINS" 2>/dev/null)" = "$CONTROLLER_SETTINGS" ] && return 0
+		log "restarting agent-sandbox-controller with $CONTROLLER_SETTINGS"
 		kill_pidfile "$CONTROLLER_PID"
 	fi
+	local extra=()
+	read -ra extra <<<"$SANDBOX_CONTROLLER_ARGS"
 	mkdir -p "$SANDBOX_ETC/sandbox-config"
 	echo "$ALLOWED_LABEL_DOMAINS" >"$SANDBOX_ETC/sandbox-config/allowed-label-domains"
 	# No webhook (CRDs have no conversion), no leader election (one replica, out
@@ -383,6 +389,7 @@ start_controller() {
 		--metrics-bind-address=0 \
 		--health-probe-bind-address=0 \
 		--kube-api-burst=200 \
+		"${extra[@]}" \
 		>"$CONTROLLER_LOG" 2>&1 </dev/null &
 	echo $! >"$CONTROLLER_PID"
 	sleep 2
@@ -390,7 +397,7 @@ start_controller() {
 	# What the controller itself reads, through its own mount namespace.
 	[ "$(cat "/proc/$(cat "$CONTROLLER_PID")/root/etc/sandbox-config/allowed-label-domains" 2>/dev/null)" = "$ALLOWED_LABEL_DOMAINS" ] ||
 		fail_up "agent-sandbox-controller does not see its allowed label domains"
-	echo "$ALLOWED_LABEL_DOMAINS" >"$CONTROLLER_DOMAINS"
+	echo "$CONTROLLER_SETTINGS" >"$CONTROLLER_DOMAINS"
 }
 
 cmd_up() {

@@ -40,6 +40,28 @@ fn strategies() -> Vec<&'static str> {
     }
 }
 
+/// The pool sizes of the one-pool rows: `BENCH_REPLICAS`
+/// (comma-separated), else 1, 10 and 50.
+fn sizes() -> Vec<u32> {
+    let asked: Vec<u32> = std::env::var("BENCH_REPLICAS")
+        .map(|list| {
+            list.split(',')
+                .filter_map(|n| n.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    if asked.is_empty() {
+        vec![1, 10, 50]
+    } else {
+        asked
+    }
+}
+
+/// Whether to run the 20-concurrent rows (`BENCH_CONCURRENT=0` skips them).
+fn concurrent_rows() -> bool {
+    std::env::var("BENCH_CONCURRENT").map_or(true, |v| v != "0")
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let idx = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
     sorted[idx]
@@ -369,7 +391,7 @@ async fn bench_pools() {
     let strategies = strategies();
     let mut single = Vec::new();
     for strategy in strategies.iter().copied() {
-        for replicas in [1u32, 10, 50] {
+        for replicas in sizes() {
             let mut runs = Vec::new();
             for _ in 0..reps {
                 let timed = fresh(strategy, replicas, move |env, watch| async move {
@@ -402,7 +424,12 @@ async fn bench_pools() {
         }
     }
     let mut concurrent = Vec::new();
-    for strategy in strategies.iter().copied() {
+    let concurrent_strategies = if concurrent_rows() {
+        strategies.clone()
+    } else {
+        Vec::new()
+    };
+    for strategy in concurrent_strategies {
         let mut worst_ready_p99 = Duration::ZERO;
         for rep in 1..=reps {
             let row = fresh(strategy, 20, move |env, watch| async move {
