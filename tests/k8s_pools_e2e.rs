@@ -455,8 +455,15 @@ async fn a_warm_pool_with_a_claim_beyond_its_replicas_is_deleted_by_its_labels()
         env.api::<SandboxClaim>()
             .create(&PostParams::default(), &extra)
             .await?;
-        // The service's claim watch sees it within milliseconds here.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Once the service's claim watch has it, the pool lists it too.
+        poll_until("the extra claim listed as a member", || async {
+            let (status, text) = env.get_pool("odd").await;
+            ensure!(status == 200, "GET answered {status}: {text}");
+            let pool: Pool = serde_json::from_str(&text)?;
+            let listed = pool.sandboxes.iter().any(|s| s.name == "claim-odd-5");
+            Ok(if listed { Ok(()) } else { Err(text) })
+        })
+        .await?;
         env.delete_pool("odd").await?;
         env.wait_pool_objects_gone("odd").await?;
         assert!(env.dyn_names(&claims(), &selector("odd")).await?.is_empty());
