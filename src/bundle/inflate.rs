@@ -20,6 +20,7 @@ use std::thread::Scope;
 
 use flate2::bufread::GzDecoder;
 
+use super::affinity::Helper;
 use super::error::BundleError;
 use super::reader::{untrap, Trap};
 
@@ -87,6 +88,8 @@ enum Out {
 
 /// The caller's side: reads as the inflated stream.
 pub(crate) struct ParallelGz<R> {
+    /// The helper thread, for [`ParallelGz::helper`].
+    helper: Helper,
     input: R,
     /// `None` once the end of input (or its failure) was sent.
     to_helper: Option<SyncSender<In>>,
@@ -110,10 +113,16 @@ impl<R: Read> ParallelGz<R> {
         let (to_helper, chunks) = sync_channel::<In>(DEPTH);
         let (out, from_helper) = sync_channel::<Out>(AHEAD);
         let (free, spare) = channel::<Vec<u8>>();
+        let helper = Helper::default();
+        let registered = helper.clone();
         std::thread::Builder::new()
             .name("bundle-inflate".into())
-            .spawn_scoped(s, move || inflate(chunks, out, spare))?;
+            .spawn_scoped(s, move || {
+                registered.register();
+                inflate(chunks, out, spare);
+            })?;
         let mut gz = Self {
+            helper,
             input,
             to_helper: Some(to_helper),
             from_helper,
@@ -128,6 +137,12 @@ impl<R: Read> ParallelGz<R> {
             gz.feed(None);
         }
         Ok(gz)
+    }
+
+    /// The helper thread (to keep it off the caller's CPU, see
+    /// [`Helper::keep_off_my_cpu`]).
+    pub(crate) fn helper(&self) -> Helper {
+        self.helper.clone()
     }
 
     /// After the inflated stream ended: checks that nothing follows the

@@ -10,6 +10,7 @@
 //! validates and computes the revision only; [`pack_dir`] builds the same
 //! canonical bundle from a directory on disk.
 
+mod affinity;
 mod budget;
 mod canonical;
 mod context_layout;

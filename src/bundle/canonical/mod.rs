@@ -264,6 +264,7 @@ fn walk<'scope, R: Read>(
         compressed = compressed.with_tap(Box::new(move |b| raw.borrow_mut().feed(b)));
     }
     let decoder = ParallelGz::start(s, compressed).map_err(storage)?;
+    let inflater = decoder.helper();
     let mut counter = InflateCounter::new(decoder, limits.inflated_bytes, trap.clone());
     if let Some(c) = &compare {
         let c = c.clone();
@@ -342,6 +343,11 @@ fn walk<'scope, R: Read>(
         if out_of_order {
             if let Some(s) = spec.take() {
                 packed.extend(s.abandon());
+            }
+            // Without a bundle to compress, the rest of the walk is this
+            // thread and the inflate helper alone: keep them apart.
+            if dispatch.is_none() {
+                inflater.keep_off_my_cpu();
             }
         }
         let (Some(s), Some(path)) = (spec.as_mut(), kept) else {
