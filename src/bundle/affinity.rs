@@ -24,10 +24,13 @@ use rustix::thread::{gettid, sched_getaffinity, sched_getcpu, sched_setaffinity}
 pub(crate) struct Helper(Arc<AtomicI32>);
 
 impl Helper {
-    /// Called on the helper thread itself, first thing.
-    pub(crate) fn register(&self) {
+    /// Called on the helper thread itself, first thing; keep the guard
+    /// until the thread ends. Dropping it forgets the id, so a late call
+    /// to [`Helper::keep_off_my_cpu`] cannot reach a thread that reused it.
+    pub(crate) fn register(&self) -> Registered<'_> {
         self.0
             .store(gettid().as_raw_nonzero().get(), Ordering::Release);
+        Registered(self)
     }
 
     /// Lets the helper run on every CPU it may use except the one the
@@ -53,6 +56,15 @@ impl Helper {
     }
 }
 
+/// A helper's registration, for as long as its thread runs.
+pub(crate) struct Registered<'a>(&'a Helper);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0 .0.store(0, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,7 +80,7 @@ mod tests {
         let thread = {
             let helper = helper.clone();
             std::thread::spawn(move || {
-                helper.register();
+                let _registered = helper.register();
                 let before = sched_getaffinity(None).expect("affinity");
                 started.send(before).expect("send");
                 let _ = wait_done.recv();
@@ -82,6 +94,8 @@ mod tests {
         helper.keep_off(cpu);
         done.send(()).expect("send");
         let after = thread.join().expect("helper thread");
+        // Gone: its id is forgotten.
+        assert_eq!(helper.0.load(Ordering::Acquire), 0);
         if before.count() < 2 {
             // Its only CPU stays: a thread must run somewhere.
             assert!(after.is_set(cpu));

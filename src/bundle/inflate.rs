@@ -118,7 +118,7 @@ impl<R: Read> ParallelGz<R> {
         std::thread::Builder::new()
             .name("bundle-inflate".into())
             .spawn_scoped(s, move || {
-                registered.register();
+                let _registered = registered.register();
                 inflate(chunks, out, spare);
             })?;
         let mut gz = Self {
