@@ -6,8 +6,8 @@
 //! CPU (the waker's cache is warm) and keeps it there while the other core
 //! idles, so the two take turns on one core instead of overlapping.
 //! Measured on two cores, `bundle inspect` of 9,800 small files in
-//! directory order, started through `sh -c` as the benchmark does: 24.8 ms
-//! left alone, 22.1 ms with the helper steered away. With a third busy
+//! directory order, started through `sh -c` as the benchmark does: 24.9 ms
+//! left alone, 22.0 ms with the helper steered away. With a third busy
 //! thread (the revision hasher of a speculative, still canonical stream)
 //! steering is worse than the scheduler (212 against 192 ms for 256 MiB),
 //! so the caller asks for it only once it knows the helper is its sole
