@@ -161,13 +161,9 @@ async fn dedicated_pool_gets_one_owned_rwo_pvc_per_sandbox() {
         let kept = pvcs.get("alpha-workspace-1").await?;
         assert!(kept.metadata.deletion_timestamp.is_none());
         // The pool reports the loss instead of hiding it.
-        let broken = poll_until("alpha failed", || async {
-            let (status, text) = env.get_pool("alpha").await;
-            ensure!(status == 200, "GET answered {status}: {text}");
-            let pool: Pool = serde_json::from_str(&text)?;
-            Ok(if pool.status == "failed" { Ok(pool) } else { Err(text) })
-        })
-        .await?;
+        let broken = env
+            .poll_pool("alpha", "alpha failed", |pool| pool.status == "failed")
+            .await?;
         assert_eq!(broken.reason.as_deref(), Some("SandboxMissing"));
         assert_eq!(broken.message.as_deref(), Some("1 of 2 sandboxes exist"));
         assert_eq!(member_names(&broken), names(&["sandbox-alpha-1"]));
@@ -456,12 +452,8 @@ async fn a_warm_pool_with_a_claim_beyond_its_replicas_is_deleted_by_its_labels()
             .create(&PostParams::default(), &extra)
             .await?;
         // Once the service's claim watch has it, the pool lists it too.
-        poll_until("the extra claim listed as a member", || async {
-            let (status, text) = env.get_pool("odd").await;
-            ensure!(status == 200, "GET answered {status}: {text}");
-            let pool: Pool = serde_json::from_str(&text)?;
-            let listed = pool.sandboxes.iter().any(|s| s.name == "claim-odd-5");
-            Ok(if listed { Ok(()) } else { Err(text) })
+        env.poll_pool("odd", "the extra claim listed as a member", |pool| {
+            member_names(pool).iter().any(|name| name == "claim-odd-5")
         })
         .await?;
         env.delete_pool("odd").await?;
@@ -501,17 +493,11 @@ async fn pool_without_its_warm_pool_reports_failed_with_the_reason() {
         // Before the deletion is seen the claims may report the missing
         // template first; the controller requeues them and then reports the
         // missing warm pool.
-        let pool = poll_until("reason WarmPoolNotFound", || async {
-            let (status, text) = env.get_pool("doomed").await;
-            ensure!(status == 200, "GET answered {status}: {text}");
-            let pool: Pool = serde_json::from_str(&text)?;
-            Ok(if pool.reason.as_deref() == Some("WarmPoolNotFound") {
-                Ok(pool)
-            } else {
-                Err(text)
+        let pool = env
+            .poll_pool("doomed", "reason WarmPoolNotFound", |pool| {
+                pool.reason.as_deref() == Some("WarmPoolNotFound")
             })
-        })
-        .await?;
+            .await?;
         assert_eq!(pool.status, "failed");
         assert_eq!(pool.ready_replicas, 0);
         let message = pool.message.clone().unwrap_or_default();

@@ -66,8 +66,9 @@ pub fn pack_dir<W: Write + Send>(
         entry: Some(path.to_owned()),
     };
     context_layout::verify(&tree, &mut open, &read_err)?;
+    let (files, dirs) = (tree.files(), tree.dirs());
     let (emitted, written) = pack_tree(
-        &tree,
+        tree,
         &mut open,
         &read_err,
         opts.gzip_level,
@@ -77,8 +78,8 @@ pub fn pack_dir<W: Write + Send>(
     Ok(Report {
         inspection: Inspection {
             revision: hex(&emitted.revision),
-            files: tree.files(),
-            dirs: tree.dirs(),
+            files,
+            dirs,
             entries: emitted.entries,
             inflated_bytes: emitted.tar_bytes,
             compressed_bytes: 0,

@@ -92,9 +92,10 @@ impl Spool {
         &mut self.raw[self.filled..]
     }
 
-    /// Appends the first `n` bytes of [`Spool::spare`].
+    /// Appends the first `n` bytes of [`Spool::spare`] (at most all of it).
     pub(crate) fn commit(&mut self, n: usize) -> io::Result<()> {
-        self.filled = (self.filled + n).min(BLOCK);
+        let n = n.min(BLOCK - self.filled);
+        self.filled += n;
         self.len += n as u64;
         if self.filled == BLOCK {
             self.seal()?;

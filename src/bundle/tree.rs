@@ -85,10 +85,8 @@ impl Tree {
         }
         let mut created = 0;
         for ancestor in path.ancestors() {
-            match self
-                .nodes
-                .entry(CanonPath::from_trusted(ancestor.to_owned()))
-            {
+            let key = CanonPath::from_trusted(ancestor.to_owned());
+            match self.nodes.entry(key) {
                 Entry::Occupied(o) => {
                     if let Node::File(_) = o.get() {
                         return Err(BundleError::FileDirConflict {

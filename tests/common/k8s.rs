@@ -318,6 +318,25 @@ impl Env {
         (status, resp.text().await.expect("body"))
     }
 
+    /// Polls `GET /v1/sandbox-pools/{name}` (which must answer `200`)
+    /// until the pool satisfies `done`; returns that pool.
+    pub(crate) async fn poll_pool(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(&Pool) -> bool,
+    ) -> Result<Pool> {
+        poll_until(what, || async {
+            let (status, text) = self.get_pool(name).await;
+            if status != 200 {
+                bail!("GET answered {status}: {text}");
+            }
+            let pool: Pool = serde_json::from_str(&text)?;
+            Ok(if done(&pool) { Ok(pool) } else { Err(text) })
+        })
+        .await
+    }
+
     /// `DELETE /v1/sandbox-pools/{name}`; expects `204`.
     pub(crate) async fn delete_pool(&self, name: &str) -> Result<()> {
         let resp = self

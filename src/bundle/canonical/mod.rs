@@ -26,7 +26,6 @@ mod pgzip;
 mod pipeline;
 pub(crate) mod writer;
 
-use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fs::File;
@@ -329,17 +328,12 @@ fn walk<'scope, R: Read>(
             walker.current_entry().unwrap_or_default()
         })?;
 
-        let out_of_order = match (&spec, &kept) {
-            (
-                Some(Speculation {
-                    last: Some(last), ..
-                }),
-                Some(path),
-            ) => created_by(path, created)
+        let last = spec.as_ref().and_then(|s| s.last.as_ref());
+        let out_of_order = last.zip(kept.as_ref()).is_some_and(|(last, path)| {
+            created_by(path, created)
                 .next()
-                .is_some_and(|first| canonical_cmp(first, last.as_str()).is_le()),
-            _ => false,
-        };
+                .is_some_and(|first| canonical_cmp(first, last.as_str()).is_le())
+        });
         if out_of_order {
             if let Some(s) = spec.take() {
                 packed.extend(s.abandon());
@@ -416,8 +410,7 @@ fn walk<'scope, R: Read>(
         Some(e) => e,
         None => {
             // A bundle speculation gave up may have packed more files.
-            let nodes = tree.into_nodes();
-            emit_tree(s, nodes, &mut open, &|_, e| storage(e), dispatch, &packed)?
+            emit_tree(s, tree, &mut open, &|_, e| storage(e), dispatch, &packed)?
         }
     };
     drop(raw);
@@ -509,13 +502,13 @@ fn finish_speculation(s: Speculation<'_>) -> Result<Option<Emitted>, BundleError
     }))
 }
 
-/// Emits the canonical archive of a tree's `nodes` (in canonical order),
-/// reading file contents through `open`: hashed on one thread, compressed
-/// into a new bundle through `dispatch` (if any). Large files in `packed`
-/// are copied, already compressed, from the packed spool.
-pub(crate) fn emit_tree<'a, 'scope, P: Borrow<CanonPath>>(
+/// Emits the canonical archive of `tree`, reading file contents through
+/// `open`: hashed on one thread, compressed into a new bundle through
+/// `dispatch` (if any). Large files in `packed` are copied, already
+/// compressed, from the packed spool. The tree is freed as it is emitted.
+pub(crate) fn emit_tree<'a, 'scope>(
     s: &'scope Scope<'scope, '_>,
-    nodes: impl Iterator<Item = (P, Node)>,
+    tree: Tree,
     open: &mut context_layout::Opener<'a>,
     read_err: &dyn Fn(&str, io::Error) -> BundleError,
     dispatch: Option<&Shared>,
@@ -527,8 +520,7 @@ pub(crate) fn emit_tree<'a, 'scope, P: Borrow<CanonPath>>(
         None => Pipeline::hash_only(tx),
     };
     let mut tar = CanonicalTar::new(pipeline);
-    for (path, node) in nodes {
-        let path = path.borrow();
+    for (path, node) in tree.into_nodes() {
         match node {
             Node::Dir { .. } => tar.append_dir(path.as_str()).map_err(storage)?,
             Node::File(f) => {
@@ -559,7 +551,7 @@ pub(crate) fn emit_tree<'a, 'scope, P: Borrow<CanonPath>>(
 /// Emits `tree` as a canonical bundle at `level` with `threads` deflate
 /// workers into `out`, in order (the directory packer).
 pub(crate) fn pack_tree<'a, W: io::Write + Send>(
-    tree: &Tree,
+    tree: Tree,
     open: &mut context_layout::Opener<'a>,
     read_err: &dyn Fn(&str, io::Error) -> BundleError,
     level: u32,
@@ -572,8 +564,7 @@ pub(crate) fn pack_tree<'a, W: io::Write + Send>(
         let (d, engine) =
             Engine::start(s, &mut out, level, threads, None, Charge::default()).map_err(storage)?;
         let dispatch = Shared::new(d);
-        let nodes = tree.iter().map(|(path, node)| (path, *node));
-        let emitted = emit_tree(s, nodes, open, read_err, Some(&dispatch), &HashSet::new());
+        let emitted = emit_tree(s, tree, open, read_err, Some(&dispatch), &HashSet::new());
         dispatch.close();
         let written = engine.join();
         let emitted = emitted?;

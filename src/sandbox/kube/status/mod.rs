@@ -175,7 +175,11 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
     let replicas = replicas_from(first.annotations()).unwrap_or(claims.len() as u32);
     // The pods the caches hold with this pool's label: what the pool's
     // selector matches.
-    let labelled: BTreeSet<String> = objects.pods.iter().map(|pod| pod.name_any()).collect();
+    let labelled: BTreeSet<&str> = objects
+        .pods
+        .iter()
+        .filter_map(|pod| pod.metadata.name.as_deref())
+        .collect();
     let mut members = Vec::with_capacity(claims.len());
     let mut problems = Vec::new();
     for claim in &claims {
@@ -211,7 +215,7 @@ fn warm_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatus 
         // selector does not find the member, so it is not ready yet.
         let unlabelled = claim_ready
             && asks_pool_label(claim, name)
-            && !pod.as_ref().is_some_and(|pod| labelled.contains(pod));
+            && !pod.as_deref().is_some_and(|pod| labelled.contains(pod));
         if terminating {
             problems.push(Problem::terminating(&claim.name_any()));
         } else if !claim_ready {
