@@ -9,6 +9,8 @@
 //! the `?wait=ready` answer minus the moment the last member was seen
 //! ready, i.e. what the long poll adds over watching the API directly
 //! (`lastTransitionTime` has one-second resolution, too coarse for this).
+//! Negative when the service answers first: a direct member is ready when
+//! its pod is, before the controller writes `Ready=True` on the Sandbox.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -89,6 +89,10 @@ pub struct SandboxSpec {
     /// `Delete` or `Retain` (default) on expiry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_policy: Option<String>,
+    /// Whether the controller keeps a headless Service for the Sandbox;
+    /// unset means none (this service never asks for one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<bool>,
 }
 
 /// `Sandbox.status`.

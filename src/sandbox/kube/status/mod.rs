@@ -31,7 +31,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use crate::pool::model::{Member, PoolPhase, PoolStatus, Strategy, WorkspaceView};
 use crate::pool::names;
 
-use super::crd::{Sandbox, SandboxClaim};
+use super::crd::{Condition, Sandbox, SandboxClaim};
 use super::objects::{StrategyKind, ANN_POD_NAME, ANN_STRATEGY, OPERATING_MODE_SUSPENDED};
 use super::watch::Kind;
 use conditions::{condition, finish, is_true, Problem};
@@ -329,9 +329,11 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
             .unwrap_or_default();
         let ready_condition = condition(conditions, "Ready");
         let terminating = sandbox.metadata.deletion_timestamp.is_some();
-        let ready = is_true(ready_condition) && !terminating && !paused;
         let expected_pod = pod_name(sandbox);
         let pod = pods.get(&expected_pod).copied();
+        let ready = (is_true(ready_condition) || pod_makes_ready(sandbox, ready_condition, pod))
+            && !terminating
+            && !paused;
         let known_pod = sandbox.annotations().contains_key(ANN_POD_NAME) || pod.is_some();
         if terminating {
             problems.push(Problem::terminating(&sandbox.name_any()));
@@ -380,6 +382,44 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
     }
     status
 }
+
+/// The Sandbox controller's own readiness rule, read off the pod it runs:
+/// the pod this Sandbox controls is `Running`, `Ready` and has an IP. The
+/// controller writes that same verdict onto the Sandbox one API round trip
+/// later (≈ 30–40 ms on a busy control plane), and a harness waits on the
+/// slowest member, so the pod's word is taken as soon as it is in. Only
+/// while the Sandbox reads as merely pending (no `Ready` yet, or
+/// `DependenciesNotReady`): any other reason (several pods, a reconcile
+/// error, a finished pod) is the controller's to lift. A Sandbox asking
+/// for a Service also needs that Service, which these caches do not
+/// watch, so it waits for the controller.
+fn pod_makes_ready(sandbox: &Sandbox, ready: Option<&Condition>, pod: Option<&Pod>) -> bool {
+    let pending = ready.is_none_or(|ready| ready.reason == DEPENDENCIES_NOT_READY);
+    let Some(pod) = pod.filter(|_| pending && sandbox.spec.service != Some(true)) else {
+        return false;
+    };
+    let controlled = sandbox.uid().is_some_and(|uid| {
+        pod.owner_references()
+            .iter()
+            .any(|owner| owner.controller == Some(true) && owner.uid == uid)
+    });
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let pod_ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    controlled
+        && pod.metadata.deletion_timestamp.is_none()
+        && status.phase.as_deref() == Some("Running")
+        && pod_ready
+        && status.pod_ips.as_ref().is_some_and(|ips| !ips.is_empty())
+}
+
+/// The Sandbox `Ready` reason while its pod is not (yet) ready.
+const DEPENDENCIES_NOT_READY: &str = "DependenciesNotReady";
 
 /// Whether the Sandbox is asked to be suspended (`spec.operatingMode`).
 pub fn is_suspended(sandbox: &Sandbox) -> bool {

@@ -204,6 +204,110 @@ fn pending_sandbox_is_provisioning_with_its_reason() {
     );
 }
 
+/// A Sandbox with `uid` whose Ready condition, if any, is `ready`.
+fn sandbox_with_uid(name: &str, uid: &str, ready: Option<Value>) -> Arc<Sandbox> {
+    let mut value = serde_json::to_value(&*sandbox(name, direct(1, "shared"), vec![])).unwrap();
+    value["metadata"]["uid"] = json!(uid);
+    if let Some(ready) = ready {
+        value["status"] = json!({"conditions": [ready]});
+    }
+    Arc::new(serde_json::from_value(value).expect("sandbox"))
+}
+
+/// A pod controlled by the object with `owner_uid`: `Running` and `Ready`
+/// with one IP, then changed by `edit`.
+fn running_pod(name: &str, owner_uid: &str, edit: impl FnOnce(&mut Value)) -> Arc<Pod> {
+    let mut value = json!({
+        "metadata": {
+            "name": name,
+            "ownerReferences": [{
+                "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+                "name": name, "uid": owner_uid, "controller": true,
+            }],
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "podIPs": [{"ip": "10.0.0.7"}],
+        },
+    });
+    edit(&mut value);
+    Arc::new(serde_json::from_value(value).expect("pod"))
+}
+
+/// A change to a pod's JSON.
+type Edit = fn(&mut Value);
+
+/// Whether the one-member shared pool of `sandbox` and `pod` reads ready.
+fn one_member_ready(sandbox: Arc<Sandbox>, pod: Arc<Pod>) -> bool {
+    let objects = PoolObjects {
+        sandboxes: vec![sandbox],
+        pods: vec![pod],
+        ..PoolObjects::default()
+    };
+    let status = pool_status("p", &objects, false).expect("pool");
+    assert_eq!(status.members.len(), 1);
+    assert_eq!(status.ready_replicas == 1, status.phase == PoolPhase::Ready);
+    status.members[0].ready
+}
+
+#[test]
+fn a_member_is_ready_once_its_own_pod_is_ready_before_the_controller_says_so() {
+    let pending = || {
+        Some(condition(
+            "Ready",
+            "False",
+            "DependenciesNotReady",
+            "Pod exists with phase: Pending",
+        ))
+    };
+    let ready_pod = || running_pod("sandbox-p-0", "u-1", |_| ());
+    // The controller's rule, read off the pod: with no Ready condition
+    // written yet, or while it still says the pod is pending.
+    let fresh = sandbox_with_uid("sandbox-p-0", "u-1", None);
+    assert!(one_member_ready(fresh, ready_pod()));
+    let stale = sandbox_with_uid("sandbox-p-0", "u-1", pending());
+    assert!(one_member_ready(stale, ready_pod()));
+
+    // Each part of the rule is needed.
+    let not_yet: [(&str, Edit); 6] = [
+        ("another owner", |pod| {
+            pod["metadata"]["ownerReferences"][0]["uid"] = json!("u-2");
+        }),
+        ("an owner that is not the controller", |pod| {
+            pod["metadata"]["ownerReferences"][0]["controller"] = json!(false);
+        }),
+        ("not Ready", |pod| {
+            pod["status"]["conditions"][0]["status"] = json!("False");
+        }),
+        ("no IP yet", |pod| pod["status"]["podIPs"] = json!([])),
+        ("not Running", |pod| {
+            pod["status"]["phase"] = json!("Pending");
+        }),
+        ("being deleted", |pod| {
+            pod["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }),
+    ];
+    for (what, edit) in not_yet {
+        let sandbox = sandbox_with_uid("sandbox-p-0", "u-1", pending());
+        let pod = running_pod("sandbox-p-0", "u-1", edit);
+        assert!(!one_member_ready(sandbox, pod), "a pod with {what}");
+    }
+
+    // Any reason but "pending" is the controller's to lift.
+    let several = condition("Ready", "False", "MultiplePods", "2 pods");
+    let sandbox = sandbox_with_uid("sandbox-p-0", "u-1", Some(several));
+    assert!(!one_member_ready(sandbox, ready_pod()));
+    // A Sandbox asking for a Service also needs it, which is not watched.
+    let mut with_service = (*sandbox_with_uid("sandbox-p-0", "u-1", pending())).clone();
+    with_service.spec.service = Some(true);
+    assert!(!one_member_ready(Arc::new(with_service), ready_pod()));
+    // Suspended: the desired state decides, whatever the pod says.
+    let mut paused = (*sandbox_with_uid("sandbox-p-0", "u-1", pending())).clone();
+    paused.spec.operating_mode = Some("Suspended".to_string());
+    assert!(!one_member_ready(Arc::new(paused), ready_pod()));
+}
+
 #[test]
 fn unschedulable_pod_explains_provisioning() {
     let objects = PoolObjects {
