@@ -30,7 +30,7 @@ const MAX_SENDFILE: usize = 0x7fff_f000;
 /// concurrent downloads of a cached bundle from about nginx's rate to
 /// 1.3–1.6 times it; 16 and 32 KiB measured alike, 128 KiB and up less.
 /// Small answers never queue this much, so they are not affected.
-pub(super) const NOTSENT_LOWAT: u32 = 32 * 1024;
+const NOTSENT_LOWAT: u32 = 32 * 1024;
 
 /// A TCP stream whose writes of mapped-blob buffers go by `sendfile(2)`.
 #[derive(Debug)]

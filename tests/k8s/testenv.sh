@@ -356,7 +356,7 @@ install_sandbox_crds() {
 # overlaid on /etc in a private mount namespace of the controller only.
 ALLOWED_LABEL_DOMAINS="sandbox.users.io,context.rossoctl.io"
 SANDBOX_ETC=$STATE/sandbox-etc
-CONTROLLER_DOMAINS=$STATE/agent-sandbox-controller.domains
+CONTROLLER_STAMP=$STATE/agent-sandbox-controller.settings
 # Extra controller flags (word-split), e.g. its burst settings; a running
 # controller started with other flags or domains is restarted.
 SANDBOX_CONTROLLER_ARGS=${SANDBOX_CONTROLLER_ARGS:-}
@@ -366,7 +366,7 @@ start_controller() {
 	if pid_alive "$CONTROLLER_PID"; then
 		# A controller started without (or with other) allowed domains, e.g.
 		# by an older version of this script, is restarted.
-		[ "$(cat "$CONTROLLER_DOMAINS" 2>/dev/null)" = "$CONTROLLER_SETTINGS" ] && return 0
+		[ "$(cat "$CONTROLLER_STAMP" 2>/dev/null)" = "$CONTROLLER_SETTINGS" ] && return 0
 		log "restarting agent-sandbox-controller with $CONTROLLER_SETTINGS"
 		kill_pidfile "$CONTROLLER_PID"
 	fi
@@ -397,7 +397,7 @@ start_controller() {
 	# What the controller itself reads, through its own mount namespace.
 	[ "$(cat "/proc/$(cat "$CONTROLLER_PID")/root/etc/sandbox-config/allowed-label-domains" 2>/dev/null)" = "$ALLOWED_LABEL_DOMAINS" ] ||
 		fail_up "agent-sandbox-controller does not see its allowed label domains"
-	echo "$CONTROLLER_SETTINGS" >"$CONTROLLER_DOMAINS"
+	echo "$CONTROLLER_SETTINGS" >"$CONTROLLER_STAMP"
 }
 
 cmd_up() {
@@ -442,7 +442,7 @@ kill_pidfile() {
 cmd_down() {
 	local f saved=$STATE/stopping
 	kill_pidfile "$CONTROLLER_PID"
-	rm -f "$CONTROLLER_DOMAINS"
+	rm -f "$CONTROLLER_STAMP"
 	if [ -d "$CLUSTER_DIR" ]; then
 		# kwokctl signals its components and removes their pid files without
 		# waiting; keep copies to wait for (and if need be kill) them ourselves.

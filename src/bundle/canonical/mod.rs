@@ -192,16 +192,17 @@ impl<R: Read> Read for Tee<'_, R> {
     }
 }
 
-/// `entry` names the member that went over, made only then.
-fn check_entries(
+/// Refuses a run past the entry limit, naming the walker's current member
+/// (its name is made only then).
+fn check_entries<R: Read>(
     entries: u64,
     limits: &Limits,
-    entry: impl FnOnce() -> String,
+    walker: &TarWalker<R>,
 ) -> Result<(), BundleError> {
     if entries > limits.entries {
         return Err(BundleError::TooManyEntries {
             limit: limits.entries,
-            entry: entry(),
+            entry: walker.current_entry().unwrap_or_default(),
         });
     }
     Ok(())
@@ -301,9 +302,7 @@ fn walk<'scope, R: Read>(
             if !root_seen {
                 root_seen = true;
                 entries += 1;
-                check_entries(entries, limits, || {
-                    walker.current_entry().unwrap_or_default()
-                })?;
+                check_entries(entries, limits, &walker)?;
             }
             continue;
         };
@@ -324,9 +323,7 @@ fn walk<'scope, R: Read>(
         // Each distinct path counts once: an explicit directory that arrives
         // after the files that implied it creates nothing new.
         entries += created as u64;
-        check_entries(entries, limits, || {
-            walker.current_entry().unwrap_or_default()
-        })?;
+        check_entries(entries, limits, &walker)?;
 
         let last = spec.as_ref().and_then(|s| s.last.as_ref());
         let out_of_order = last.zip(kept.as_ref()).is_some_and(|(last, path)| {

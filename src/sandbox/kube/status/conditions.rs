@@ -14,6 +14,9 @@ pub(super) const TERMINATING: &str = "Terminating";
 /// Reason of a warm member whose pod the pool's selector does not match yet.
 pub(super) const POD_UNLABELLED: &str = "PodLabelPending";
 
+/// The Sandbox `Ready` reason while its pod is not (yet) ready.
+pub(super) const DEPENDENCIES_NOT_READY: &str = "DependenciesNotReady";
+
 /// Sandbox / claim `Ready` reasons after which the member will not become
 /// ready without intervention (agent-sandbox §1.3, §1.6; the Python SDK's
 /// terminal list plus the missing-reference and terminal-pod reasons).

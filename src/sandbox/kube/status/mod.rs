@@ -34,7 +34,7 @@ use crate::pool::names;
 use super::crd::{Condition, Sandbox, SandboxClaim};
 use super::objects::{StrategyKind, ANN_POD_NAME, ANN_STRATEGY, OPERATING_MODE_SUSPENDED};
 use super::watch::Kind;
-use conditions::{condition, finish, is_true, Problem};
+use conditions::{condition, finish, is_true, Problem, DEPENDENCIES_NOT_READY};
 use workspace::{direct_workspace, infer_strategy, requested_strategy};
 
 /// Label the claim controller puts on the Sandbox it binds to a claim.
@@ -395,7 +395,10 @@ fn direct_status(name: &str, objects: &PoolObjects, creating: bool) -> PoolStatu
 /// watch, so it waits for the controller.
 fn pod_makes_ready(sandbox: &Sandbox, ready: Option<&Condition>, pod: Option<&Pod>) -> bool {
     let pending = ready.is_none_or(|ready| ready.reason == DEPENDENCIES_NOT_READY);
-    let Some(pod) = pod.filter(|_| pending && sandbox.spec.service != Some(true)) else {
+    if !pending || sandbox.spec.service == Some(true) {
+        return false;
+    }
+    let Some(pod) = pod else {
         return false;
     };
     let controlled = sandbox.uid().is_some_and(|uid| {
@@ -417,9 +420,6 @@ fn pod_makes_ready(sandbox: &Sandbox, ready: Option<&Condition>, pod: Option<&Po
         && pod_ready
         && status.pod_ips.as_ref().is_some_and(|ips| !ips.is_empty())
 }
-
-/// The Sandbox `Ready` reason while its pod is not (yet) ready.
-const DEPENDENCIES_NOT_READY: &str = "DependenciesNotReady";
 
 /// Whether the Sandbox is asked to be suspended (`spec.operatingMode`).
 pub fn is_suspended(sandbox: &Sandbox) -> bool {

@@ -206,12 +206,9 @@ fn pending_sandbox_is_provisioning_with_its_reason() {
 
 /// A Sandbox with `uid` whose Ready condition, if any, is `ready`.
 fn sandbox_with_uid(name: &str, uid: &str, ready: Option<Value>) -> Arc<Sandbox> {
-    let mut value = serde_json::to_value(&*sandbox(name, direct(1, "shared"), vec![])).unwrap();
-    value["metadata"]["uid"] = json!(uid);
-    if let Some(ready) = ready {
-        value["status"] = json!({"conditions": [ready]});
-    }
-    Arc::new(serde_json::from_value(value).expect("sandbox"))
+    let mut sandbox = (*sandbox(name, direct(1, "shared"), ready.into_iter().collect())).clone();
+    sandbox.metadata.uid = Some(uid.to_string());
+    Arc::new(sandbox)
 }
 
 /// A pod controlled by the object with `owner_uid`: `Running` and `Ready`
