@@ -101,6 +101,7 @@ Examples:
 }
 
 fn main() -> ExitCode {
+    cli::die_quietly_on_closed_stdout();
     // A missing .env is normal; a broken one is worth saying.
     if let Err(e) = dotenvy::dotenv() {
         if !e.not_found() {

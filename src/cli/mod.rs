@@ -60,7 +60,11 @@ pub const EXIT_USAGE: u8 = 2;
 /// [`EXIT_USAGE`] for a [`UsageError`], else [`EXIT_FAILURE`].
 pub fn fail(err: &anyhow::Error) -> ExitCode {
     eprintln!("contextctl: {err:#}");
-    if err.is::<UsageError>() {
+    let bad_url = matches!(
+        err.downcast_ref::<crate::client::ClientError>(),
+        Some(crate::client::ClientError::InvalidUrl(_))
+    );
+    if err.is::<UsageError>() || bad_url {
         ExitCode::from(EXIT_USAGE)
     } else {
         ExitCode::from(EXIT_FAILURE)
@@ -130,6 +134,17 @@ impl ConnectionArgs {
             token: self.token.clone(),
             data_dir: self.data_dir.clone(),
         }
+    }
+}
+
+/// Lets a write to a closed pipe end the process silently, as it ends
+/// `cat` or `ls` (`contextctl workload ls | head`): Rust ignores `SIGPIPE`,
+/// which turns every later `println!` into a panic. Call first in `main`.
+pub fn die_quietly_on_closed_stdout() {
+    // SAFETY: restoring a signal's default disposition at start-up, before
+    // any thread exists; no handler code is installed.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

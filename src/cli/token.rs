@@ -38,7 +38,7 @@ Examples:
         #[arg(long)]
         scope: Option<String>,
         /// Lifetime, e.g. `30m`, `1h`, `7d`.
-        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "1h", value_parser = positive_duration)]
         ttl: Duration,
         /// Required issuer, as the service is configured [env: CS_TOKEN_ISSUER].
         #[arg(long, env = "CS_TOKEN_ISSUER", default_value = "context-service")]
@@ -47,6 +47,16 @@ Examples:
         #[arg(long, env = "CS_TOKEN_AUDIENCE", default_value = "context-service")]
         audience: String,
     },
+}
+
+/// A lifetime longer than zero: `0s` would mint a token that is already
+/// expired.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("a token must live longer than 0s".to_owned()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Runs `contextctl token`.

@@ -49,11 +49,11 @@ async fn check_delivery(resp: Response) -> Result<Response, ClientError> {
 
 impl Client {
     async fn send_delivery(&self, req: reqwest::RequestBuilder) -> Result<Response, ClientError> {
-        let resp = req.send().await.map_err(|source| ClientError::Transport {
+        let resp = req.send().await.map_err(|cause| ClientError::Transport {
             url: self.base_url().to_owned(),
-            source,
+            cause,
         })?;
-        check_delivery(resp).await
+        check_delivery(resp).await.map_err(|e| self.explain(e))
     }
 
     /// `POST /v1/workloads/{name}/deliveries`: delivers the active revision.

@@ -35,12 +35,28 @@ pub enum ClientError {
         body: crate::delivery::FailedBody,
     },
     /// The service could not be reached or the transfer broke.
-    #[error("cannot reach {url}: {source}")]
+    #[error("cannot reach {url}: {}", transport_summary(cause))]
     Transport {
         /// The URL called.
         url: String,
-        /// The cause.
-        source: reqwest::Error,
+        /// The cause (summarised in the message rather than chained: a
+        /// reqwest error's chain repeats itself three times over).
+        cause: reqwest::Error,
+    },
+    /// `--url`/`CONTEXT_SERVICE_URL` is not an `http://` or `https://` URL.
+    #[error("invalid service URL {0:?}: the URL needs http:// or https://")]
+    InvalidUrl(String),
+    /// The service wants a token and none was given or found.
+    #[error(
+        "{}: {} ({}); no token was given and none is at {}: pass --token, set \
+         CONTEXT_SERVICE_TOKEN, or point --data-dir at the service's data dir",
+        StatusCode::UNAUTHORIZED, body.message, body.error, looked.display()
+    )]
+    NoToken {
+        /// The development token file looked for.
+        looked: PathBuf,
+        /// The service's `{error, message}` body.
+        body: ErrorBody,
     },
     /// The answer was not what the API promises.
     #[error("unexpected answer from the service: {0}")]
@@ -59,7 +75,7 @@ impl ClientError {
     /// The API error code, when the service answered with one.
     pub fn code(&self) -> Option<&str> {
         match self {
-            ClientError::Api { body, .. } => Some(&body.error),
+            ClientError::Api { body, .. } | ClientError::NoToken { body, .. } => Some(&body.error),
             ClientError::DeliveryFailed { body } => Some(&body.error),
             _ => None,
         }
@@ -70,8 +86,28 @@ impl ClientError {
         match self {
             ClientError::Api { status, .. } => Some(*status),
             ClientError::DeliveryFailed { .. } => Some(StatusCode::BAD_GATEWAY),
+            ClientError::NoToken { .. } => Some(StatusCode::UNAUTHORIZED),
             _ => None,
         }
+    }
+}
+
+/// One line for a transport failure: the innermost cause (reqwest's own
+/// chain repeats the URL at every level), and the likely fix when nothing
+/// answered at all.
+fn transport_summary(err: &reqwest::Error) -> String {
+    let mut root: &dyn std::error::Error = err;
+    while let Some(next) = root.source() {
+        root = next;
+    }
+    if err.is_connect() {
+        format!("{root}; is the service running?")
+    } else if err.is_timeout() {
+        "the request timed out".to_owned()
+    } else if std::ptr::addr_eq(root, err as &dyn std::error::Error) {
+        err.to_string()
+    } else {
+        format!("{err}: {root}")
     }
 }
 
@@ -85,6 +121,9 @@ pub fn install_crypto_provider() {
 pub struct Client {
     base: String,
     token: Option<String>,
+    /// The development token file that was looked for when no token was
+    /// given (named in the error when the service asks for one).
+    token_looked: Option<PathBuf>,
     subject: Option<String>,
     http: reqwest::Client,
 }
@@ -97,13 +136,14 @@ impl Client {
         let http = reqwest::Client::builder()
             .user_agent(concat!("contextctl/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|source| ClientError::Transport {
+            .map_err(|cause| ClientError::Transport {
                 url: base.clone(),
-                source,
+                cause,
             })?;
         Ok(Self {
             base,
             token,
+            token_looked: None,
             subject: None,
             http,
         })
@@ -134,11 +174,27 @@ impl Client {
 
     /// Sends `req`, turning error statuses into [`ClientError::Api`].
     pub async fn send(&self, req: RequestBuilder) -> Result<Response, ClientError> {
-        let resp = req.send().await.map_err(|source| ClientError::Transport {
+        let resp = req.send().await.map_err(|cause| ClientError::Transport {
             url: self.base.clone(),
-            source,
+            cause,
         })?;
-        check(resp).await
+        check(resp).await.map_err(|e| self.explain(e))
+    }
+
+    /// Names where the token was looked for when the service asks for one
+    /// and none was given.
+    pub(crate) fn explain(&self, err: ClientError) -> ClientError {
+        match (err, &self.token_looked) {
+            (ClientError::Api { status, body }, Some(looked))
+                if status == StatusCode::UNAUTHORIZED && body.error == "token_required" =>
+            {
+                ClientError::NoToken {
+                    looked: looked.clone(),
+                    body,
+                }
+            }
+            (err, _) => err,
+        }
     }
 
     /// Sends `req` and decodes a JSON answer.
@@ -186,7 +242,7 @@ pub struct ClientSettings {
 }
 
 impl ClientSettings {
-    /// The URL to use.
+    /// The URL to use (not yet checked: see [`ClientSettings::client`]).
     pub fn resolve_url(&self) -> String {
         self.url
             .clone()
@@ -198,26 +254,47 @@ impl ClientSettings {
     /// The token to use: explicit, from the environment, or the development
     /// token of a local service (`$CS_DATA_DIR` or `./data`).
     pub fn resolve_token(&self) -> Option<String> {
+        self.find_token().ok()
+    }
+
+    /// The token, or the development token file that was looked for.
+    fn find_token(&self) -> Result<String, PathBuf> {
         if let Some(t) = self.token.clone().filter(|t| !t.is_empty()) {
-            return Some(t);
+            return Ok(t);
         }
         if let Some(t) = std::env::var("CONTEXT_SERVICE_TOKEN")
             .ok()
             .filter(|t| !t.is_empty())
         {
-            return Some(t);
+            return Ok(t);
         }
         let data_dir = self
             .data_dir
             .clone()
             .or_else(|| std::env::var_os("CS_DATA_DIR").map(PathBuf::from))
             .unwrap_or_else(|| PathBuf::from("./data"));
-        read_token_file(&crate::auth::dev::dev_token_path(&data_dir))
+        let path = crate::auth::dev::dev_token_path(&data_dir);
+        read_token_file(&path).ok_or(path)
     }
 
-    /// A client from these settings.
+    /// A client from these settings; refuses a URL that is not `http://`
+    /// or `https://` (`localhost:8080` would otherwise parse as a URL of
+    /// scheme `localhost`).
     pub fn client(&self) -> Result<Client, ClientError> {
-        Client::new(self.resolve_url(), self.resolve_token())
+        let url = self.resolve_url();
+        let scheme_ok = url::Url::parse(&url)
+            .map(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
+            .unwrap_or(false);
+        if !scheme_ok {
+            return Err(ClientError::InvalidUrl(url));
+        }
+        let (token, looked) = match self.find_token() {
+            Ok(t) => (Some(t), None),
+            Err(path) => (None, Some(path)),
+        };
+        let mut client = Client::new(url, token)?;
+        client.token_looked = looked;
+        Ok(client)
     }
 }
 

@@ -214,9 +214,9 @@ impl Client {
         let mut written = 0u64;
         let mut stream = resp.bytes_stream();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|source| ClientError::Transport {
+            let chunk = chunk.map_err(|cause| ClientError::Transport {
                 url: self.base.clone(),
-                source,
+                cause,
             })?;
             bundle_hash.update(&chunk);
             tar.write_all(&chunk)

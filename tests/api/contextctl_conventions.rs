@@ -275,3 +275,108 @@ echo "${{COMPREPLY[*]}}""#,
         "workload\ntext json yaml name wide\n"
     );
 }
+
+/// `contextctl completion bash | head` and friends: a reader that goes away
+/// ends the command as it ends `cat` (SIGPIPE), without a panic or a
+/// message.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::process::Stdio;
+    for args in [&["completion", "bash"][..], &["--help"][..]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_contextctl"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("contextctl runs");
+        // Closed before the first write: every write meets a pipe without
+        // a reader, whatever the pipe's buffer size.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("contextctl ends");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "",
+            "{args:?}: nothing on stderr"
+        );
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: ended by SIGPIPE, not a panic: {:?}",
+            out.status
+        );
+    }
+}
+
+#[test]
+fn a_token_that_would_be_born_expired_is_refused() {
+    usage_error(
+        None,
+        &["token", "mint", "--sub", "bob", "--ttl", "0s"],
+        "invalid value '0s' for '--ttl <TTL>': a token must live longer than 0s",
+    );
+}
+
+#[test]
+fn a_service_url_without_a_scheme_is_a_usage_error() {
+    for url in ["localhost:8080", "127.0.0.1:8080", "ftp://example"] {
+        let out = contextctl(None, &["--url", url, "health"]);
+        assert_eq!(out.status.code(), Some(2), "{url}: {out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("contextctl: invalid service URL {url:?}: the URL needs http:// or https://\n")
+        );
+    }
+}
+
+#[test]
+fn an_unreachable_service_is_one_line_with_the_likely_fix() {
+    // Port 1 on loopback: nothing listens there.
+    let out = contextctl(None, &["--url", "http://127.0.0.1:1", "workload", "ls"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(
+        stderr.starts_with("contextctl: cannot reach http://127.0.0.1:1: Connection refused"),
+        "{stderr:?}"
+    );
+    assert!(
+        stderr.ends_with("; is the service running?\n"),
+        "{stderr:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_token_names_where_it_was_looked_for_and_how_to_give_one() {
+    let server = TestServer::start().await;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = tokio::task::spawn_blocking({
+        let (base, dir) = (server.base.clone(), elsewhere.path().to_owned());
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_contextctl"))
+                .args(["--url", &base, "workload", "ls"])
+                .current_dir(&dir)
+                .env_remove("CONTEXT_SERVICE_URL")
+                .env_remove("CONTEXT_SERVICE_TOKEN")
+                .env_remove("CS_DATA_DIR")
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(
+        stderr.starts_with("contextctl: 401 Unauthorized: "),
+        "{stderr:?}"
+    );
+    assert!(
+        stderr.ends_with(
+            "(token_required); no token was given and none is at ./data/auth/dev-token: \
+             pass --token, set CONTEXT_SERVICE_TOKEN, or point --data-dir at the service's data dir\n"
+        ),
+        "{stderr:?}"
+    );
+}

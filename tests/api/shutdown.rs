@@ -298,3 +298,41 @@ async fn json_logs_carry_the_request_id() {
         .filter(|l| l["span"]["request_id"] != "abc-123")
         .all(|l| !l.to_string().contains("abc-123")));
 }
+
+/// Text logs written to a pipe or a file carry no terminal colour codes
+/// (a log collector or `less` would show them as `^[[2m…`).
+#[test]
+fn text_logs_to_a_pipe_carry_no_colour_codes() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_context-service"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "text"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("context-service starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut seen = Vec::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        let listening = line.contains("listening");
+        seen.push(line);
+        if listening {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        seen.iter().any(|l| l.contains("listening")),
+        "no listening line: {seen:?}"
+    );
+    let coloured: Vec<_> = seen.iter().filter(|l| l.contains('\u{1b}')).collect();
+    assert!(
+        coloured.is_empty(),
+        "colour codes in piped logs: {coloured:?}"
+    );
+}
