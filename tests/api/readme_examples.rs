@@ -1,14 +1,57 @@
-//! README.md's shell examples, run: every fenced `sh` block that follows a
-//! `<!-- tested ... -->` line runs under `bash -e` against a local service,
-//! with the built `contextctl` first on `PATH`, so the docs cannot drift from
-//! the CLI.
+//! The docs' shell examples, run: every fenced `sh` block of README.md or a
+//! page under `docs/` that follows a `<!-- tested ... -->` line runs under
+//! `bash -e` against a local service, with the built `contextctl` first on
+//! `PATH`, so the docs cannot drift from the CLI.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::TestServer;
 
-/// The blocks marked as tested, in README order.
+/// The documentation pages, in the order their examples run: README.md,
+/// then every `docs/*.md` by name (later pages reuse no state of earlier
+/// ones but the running service). Also read by the other tests that run a
+/// marked block (`scale_out`).
+pub(crate) fn doc_pages() -> Vec<(PathBuf, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("a docs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    paths.sort();
+    paths.insert(0, root.join("README.md"));
+    paths
+        .into_iter()
+        .map(|p| {
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (p, text)
+        })
+        .collect()
+}
+
+/// The `sh` block after the first line of any doc page that starts with
+/// `marker` (e.g. `<!-- scale-out:`).
+pub(crate) fn marked_block(marker: &str) -> String {
+    for (_, text) in doc_pages() {
+        let mut lines = text.lines();
+        if lines.by_ref().any(|l| l.starts_with(marker)) {
+            assert_eq!(
+                lines.next(),
+                Some("```sh"),
+                "{marker} must precede a ```sh block"
+            );
+            return lines
+                .take_while(|l| *l != "```")
+                .collect::<Vec<_>>()
+                .join("\n");
+        }
+    }
+    panic!("no doc page has the marker {marker:?}");
+}
+
+/// The blocks marked as tested, in page order.
 fn tested_blocks(readme: &str) -> Vec<String> {
     let mut blocks = Vec::new();
     let mut lines = readme.lines();
@@ -38,16 +81,25 @@ fn fixtures(dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_examples_run() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let blocks = tested_blocks(&readme);
-    assert!(blocks.len() >= 5, "found {} tested blocks", blocks.len());
+    let mut blocks = Vec::new();
+    for (path, text) in doc_pages() {
+        let found = tested_blocks(&text);
+        eprintln!("{}: {} tested blocks", path.display(), found.len());
+        blocks.extend(found);
+    }
+    // As many as README.md held before the pages under docs/ took most of
+    // them: moving a block must not drop it.
+    assert!(blocks.len() >= 6, "found {} tested blocks", blocks.len());
     let commands = blocks
         .iter()
         .flat_map(|b| b.lines())
         .filter(|l| l.trim_start().starts_with("contextctl "))
         .count();
-    assert!(commands >= 25, "only {commands} contextctl examples");
+    eprintln!(
+        "{} tested blocks, {commands} contextctl examples",
+        blocks.len()
+    );
+    assert!(commands >= 39, "only {commands} contextctl examples");
 
     // The warm pool the pool examples claim from.
     let server =
@@ -80,7 +132,7 @@ async fn readme_examples_run() {
         .expect("bash runs");
         assert!(
             out.status.success(),
-            "README block failed ({}):\n{block}\n--- stdout\n{}\n--- stderr\n{}",
+            "doc block failed ({}):\n{block}\n--- stdout\n{}\n--- stderr\n{}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
