@@ -1,7 +1,8 @@
 //! The docs' shell examples, run: every fenced `sh` block of README.md or a
 //! page under `docs/` that follows a `<!-- tested ... -->` line runs under
 //! `bash -e` against a local service, with the built `contextctl` first on
-//! `PATH`, so the docs cannot drift from the CLI.
+//! `PATH`, so the docs cannot drift from the CLI. Also: every relative link
+//! between the pages resolves, to a file and a heading.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -138,4 +139,80 @@ async fn readme_examples_run() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The anchors GitHub gives a page's headings: lowercase, punctuation
+/// dropped but `-` and `_`, spaces to `-`; a repeated heading gets `-1`, `-2`...
+fn anchors(page: &str) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    let mut fenced = false;
+    for line in page.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        if fenced {
+            continue;
+        }
+        let Some(text) = heading.trim_start_matches('#').strip_prefix(' ') else {
+            continue;
+        };
+        let slug: String = text
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let n = seen.iter().filter(|s| **s == slug).count();
+        seen.push(if n == 0 { slug } else { format!("{slug}-{n}") });
+    }
+    seen
+}
+
+/// Every relative link of README.md, ARCHITECTURE.md and `docs/*.md` names a
+/// file that exists and, with `#anchor`, a heading of it: what moved between
+/// the pages keeps its links.
+#[test]
+fn doc_links_resolve() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = doc_pages();
+    let architecture = root.join("ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&architecture).expect("ARCHITECTURE.md");
+    pages.push((architecture, text));
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for (path, text) in &pages {
+        let dir = path.parent().expect("a page's directory");
+        for (at, _) in text.match_indices("](") {
+            let rest = &text[at + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let link = &rest[..end];
+            if link.contains("://") || link.contains(' ') {
+                continue;
+            }
+            let (file, anchor) = link.split_once('#').unwrap_or((link, ""));
+            let target = if file.is_empty() {
+                path.clone()
+            } else {
+                dir.join(file)
+            };
+            checked += 1;
+            if !target.exists() {
+                broken.push(format!("{}: {link} (no such file)", path.display()));
+                continue;
+            }
+            if anchor.is_empty() || target.extension().is_none_or(|x| x != "md") {
+                continue;
+            }
+            let page = std::fs::read_to_string(&target).expect("a linked page");
+            if !anchors(&page).iter().any(|a| a == anchor) {
+                broken.push(format!("{}: {link} (no such heading)", path.display()));
+            }
+        }
+    }
+    assert!(checked >= 30, "only {checked} links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
