@@ -69,7 +69,7 @@ async fn output_flag_goes_before_or_after_the_command_in_every_format() {
     ok(s, &["workload", "activate", "docs"]);
     ok(s, &["create", "team", "-n", "2"]);
 
-    // The README's example, and the same flag after the command.
+    // The docs' example (docs/contextctl.md), and the same flag after the command.
     let before = json(&ok(s, &["-o", "json", "get", "team"]));
     let after = json(&ok(s, &["get", "team", "-o", "json"]));
     let long = json(&ok(s, &["get", "team", "--output", "json"]));

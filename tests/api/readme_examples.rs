@@ -1,14 +1,58 @@
-//! README.md's shell examples, run: every fenced `sh` block that follows a
-//! `<!-- tested ... -->` line runs under `bash -e` against a local service,
-//! with the built `contextctl` first on `PATH`, so the docs cannot drift from
-//! the CLI.
+//! The docs' shell examples, run: every fenced `sh` block of README.md or a
+//! page under `docs/` that follows a `<!-- tested ... -->` line runs under
+//! `bash -e` against a local service, with the built `contextctl` first on
+//! `PATH`, so the docs cannot drift from the CLI. Also: every relative link
+//! between the pages resolves, to a file and a heading.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::TestServer;
 
-/// The blocks marked as tested, in README order.
+/// The documentation pages, in the order their examples run: README.md,
+/// then every `docs/*.md` by name (later pages reuse no state of earlier
+/// ones but the running service). Also read by the other tests that run a
+/// marked block (`scale_out`).
+pub(crate) fn doc_pages() -> Vec<(PathBuf, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("a docs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    paths.sort();
+    paths.insert(0, root.join("README.md"));
+    paths
+        .into_iter()
+        .map(|p| {
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (p, text)
+        })
+        .collect()
+}
+
+/// The `sh` block after the first line of any doc page that starts with
+/// `marker` (e.g. `<!-- scale-out:`).
+pub(crate) fn marked_block(marker: &str) -> String {
+    for (_, text) in doc_pages() {
+        let mut lines = text.lines();
+        if lines.by_ref().any(|l| l.starts_with(marker)) {
+            assert_eq!(
+                lines.next(),
+                Some("```sh"),
+                "{marker} must precede a ```sh block"
+            );
+            return lines
+                .take_while(|l| *l != "```")
+                .collect::<Vec<_>>()
+                .join("\n");
+        }
+    }
+    panic!("no doc page has the marker {marker:?}");
+}
+
+/// The blocks marked as tested, in page order.
 fn tested_blocks(readme: &str) -> Vec<String> {
     let mut blocks = Vec::new();
     let mut lines = readme.lines();
@@ -38,16 +82,25 @@ fn fixtures(dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_examples_run() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let blocks = tested_blocks(&readme);
-    assert!(blocks.len() >= 5, "found {} tested blocks", blocks.len());
+    let mut blocks = Vec::new();
+    for (path, text) in doc_pages() {
+        let found = tested_blocks(&text);
+        eprintln!("{}: {} tested blocks", path.display(), found.len());
+        blocks.extend(found);
+    }
+    // As many as README.md held before the pages under docs/ took most of
+    // them: moving a block must not drop it.
+    assert!(blocks.len() >= 6, "found {} tested blocks", blocks.len());
     let commands = blocks
         .iter()
         .flat_map(|b| b.lines())
         .filter(|l| l.trim_start().starts_with("contextctl "))
         .count();
-    assert!(commands >= 25, "only {commands} contextctl examples");
+    eprintln!(
+        "{} tested blocks, {commands} contextctl examples",
+        blocks.len()
+    );
+    assert!(commands >= 39, "only {commands} contextctl examples");
 
     // The warm pool the pool examples claim from.
     let server =
@@ -80,10 +133,86 @@ async fn readme_examples_run() {
         .expect("bash runs");
         assert!(
             out.status.success(),
-            "README block failed ({}):\n{block}\n--- stdout\n{}\n--- stderr\n{}",
+            "doc block failed ({}):\n{block}\n--- stdout\n{}\n--- stderr\n{}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The anchors GitHub gives a page's headings: lowercase, punctuation
+/// dropped but `-` and `_`, spaces to `-`; a repeated heading gets `-1`, `-2`...
+fn anchors(page: &str) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    let mut fenced = false;
+    for line in page.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        if fenced {
+            continue;
+        }
+        let Some(text) = heading.trim_start_matches('#').strip_prefix(' ') else {
+            continue;
+        };
+        let slug: String = text
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let n = seen.iter().filter(|s| **s == slug).count();
+        seen.push(if n == 0 { slug } else { format!("{slug}-{n}") });
+    }
+    seen
+}
+
+/// Every relative link of README.md, ARCHITECTURE.md and `docs/*.md` names a
+/// file that exists and, with `#anchor`, a heading of it: what moved between
+/// the pages keeps its links.
+#[test]
+fn doc_links_resolve() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = doc_pages();
+    let architecture = root.join("ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&architecture).expect("ARCHITECTURE.md");
+    pages.push((architecture, text));
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for (path, text) in &pages {
+        let dir = path.parent().expect("a page's directory");
+        for (at, _) in text.match_indices("](") {
+            let rest = &text[at + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let link = &rest[..end];
+            if link.contains("://") || link.contains(' ') {
+                continue;
+            }
+            let (file, anchor) = link.split_once('#').unwrap_or((link, ""));
+            let target = if file.is_empty() {
+                path.clone()
+            } else {
+                dir.join(file)
+            };
+            checked += 1;
+            if !target.exists() {
+                broken.push(format!("{}: {link} (no such file)", path.display()));
+                continue;
+            }
+            if anchor.is_empty() || target.extension().is_none_or(|x| x != "md") {
+                continue;
+            }
+            let page = std::fs::read_to_string(&target).expect("a linked page");
+            if !anchors(&page).iter().any(|a| a == anchor) {
+                broken.push(format!("{}: {link} (no such heading)", path.display()));
+            }
+        }
+    }
+    assert!(checked >= 30, "only {checked} links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }

@@ -359,21 +359,12 @@ async fn test_servers_follow_the_test_database_setting() {
     }
 }
 
-/// README's scale-out example, run as written against a real PostgreSQL:
-/// `context-service serve` with `CS_DATABASE_URL`, contextctl against it,
-/// and the rows it wrote read back with `psql`.
+/// The docs' scale-out example (docs/scale-out.md), run as written against
+/// a real PostgreSQL: `context-service serve` with `CS_DATABASE_URL`,
+/// contextctl against it, and the rows it wrote read back with `psql`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_scale_out_example_runs() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let mut lines = readme.lines();
-    lines
-        .by_ref()
-        .find(|l| l.starts_with("<!-- scale-out:"))
-        .expect("the scale-out example's marker");
-    assert_eq!(lines.next(), Some("```sh"));
-    let block: Vec<&str> = lines.take_while(|l| *l != "```").collect();
-    let block = block.join("\n");
+    let block = crate::readme_examples::marked_block("<!-- scale-out:");
     assert!(block.contains("context-service serve"), "{block}");
 
     let url = Cluster::shared().create_database();
@@ -411,7 +402,7 @@ async fn readme_scale_out_example_runs() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "README block failed ({}):\n{block}\n--- stdout\n{stdout}\n--- stderr\n{}",
+        "doc block failed ({}):\n{block}\n--- stdout\n{stdout}\n--- stderr\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
