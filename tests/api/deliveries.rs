@@ -101,20 +101,50 @@ impl AsyncWrite for Flip {
     }
 }
 
-/// A server whose exec port goes through a [`Probe`].
-async fn probed_server(adjust: impl FnOnce(&mut ServeConfig)) -> (TestServer, Arc<Probe>) {
-    let probe = Arc::new(Probe::default());
-    let p = probe.clone();
-    let options = BuildOptions {
-        exec_wrapper: Some(Arc::new(move |inner| {
-            Arc::new(Probed {
-                inner,
-                probe: p.clone(),
-            })
-        })),
-        ..BuildOptions::default()
-    };
-    (TestServer::start_with_options(adjust, options).await, probe)
+/// What every test starts from: a server whose exec port goes through a
+/// [`Probe`], and alice, the caller most tests act as.
+struct Fixture {
+    server: TestServer,
+    probe: Arc<Probe>,
+    alice: Caller,
+}
+
+impl Fixture {
+    /// A fresh server with settings from `adjust`.
+    async fn start(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
+        let probe = Arc::new(Probe::default());
+        let p = probe.clone();
+        let options = BuildOptions {
+            exec_wrapper: Some(Arc::new(move |inner| {
+                Arc::new(Probed {
+                    inner,
+                    probe: p.clone(),
+                })
+            })),
+            ..BuildOptions::default()
+        };
+        let server = TestServer::start_with_options(adjust, options).await;
+        let alice = Caller::user(&server, "alice");
+        Fixture {
+            server,
+            probe,
+            alice,
+        }
+    }
+
+    /// The usual start: also alice's workload `name` holding `files`,
+    /// activated, and her pool `p` of one sandbox (`sandbox-p-0`); returns
+    /// the fixture with the bundle's size and revision.
+    async fn ready(
+        adjust: impl FnOnce(&mut ServeConfig),
+        name: &str,
+        files: &[(&str, &[u8])],
+    ) -> (Self, u64, String) {
+        let f = Self::start(adjust).await;
+        let (len, revision) = ready_workload(&f.server, "alice", name, files).await;
+        pool(&f.alice, "p", 1).await;
+        (f, len, revision)
+    }
 }
 
 // --- helpers ---
@@ -193,14 +223,12 @@ const FILES: &[(&str, &[u8])] = &[
 
 #[tokio::test]
 async fn send_once_then_hit_share_release_and_metrics() {
-    let (server, _) = probed_server(|_| {}).await;
-    let alice = Caller::user(&server, "alice");
-    let (len, revision) = ready_workload(&server, "alice", "docs", FILES).await;
-    pool(&alice, "p", 1).await;
+    let (f, len, revision) = Fixture::ready(|_| {}, "docs", FILES).await;
+    let Fixture { server, alice, .. } = &f;
 
     let first = json(
         deliver(
-            &alice,
+            alice,
             "docs",
             json!({"runId": "run-1", "sandbox": "sandbox-p-0"}),
         )
@@ -233,7 +261,7 @@ async fn send_once_then_hit_share_release_and_metrics() {
     // Another run: a verified hit, no bytes.
     let second = json(
         deliver(
-            &alice,
+            alice,
             "docs",
             json!({"runId": "run-2", "sandbox": "sandbox-p-0", "verify": "full"}),
         )
@@ -248,7 +276,7 @@ async fn send_once_then_hit_share_release_and_metrics() {
     );
     let path2 = PathBuf::from(d["path"].as_str().unwrap());
     // Both runs share one cache dir.
-    let cache = root_of(&server, "sandbox-p-0").join("cache");
+    let cache = root_of(server, "sandbox-p-0").join("cache");
     let dirs: Vec<String> = names_in(&cache);
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     assert!(dirs[0].ends_with(&format!("-{revision}")), "{dirs:?}");
@@ -288,7 +316,7 @@ async fn send_once_then_hit_share_release_and_metrics() {
     assert_eq!(list, json!({"deliveries": []}));
 
     // Metrics: one transfer, one hit, the bundle's bytes, two releases.
-    let text = Caller::anonymous(&server)
+    let text = Caller::anonymous(server)
         .get("/metrics")
         .await
         .text()
@@ -308,14 +336,16 @@ async fn send_once_then_hit_share_release_and_metrics() {
 
 #[tokio::test]
 async fn a_corrupted_transfer_is_refused_and_nothing_is_published() {
-    let (server, probe) = probed_server(|_| {}).await;
-    let alice = Caller::user(&server, "alice");
     let big = noise(300_000, 7);
-    let (_, revision) = ready_workload(&server, "alice", "w", &[("blob.bin", &big)]).await;
-    pool(&alice, "p", 1).await;
+    let (f, _, revision) = Fixture::ready(|_| {}, "w", &[("blob.bin", &big)]).await;
+    let Fixture {
+        server,
+        probe,
+        alice,
+    } = &f;
 
     probe.corrupt.store(true, Ordering::SeqCst);
-    let resp = deliver(&alice, "w", json!({"runId": "r", "sandbox": "sandbox-p-0"})).await;
+    let resp = deliver(alice, "w", json!({"runId": "r", "sandbox": "sandbox-p-0"})).await;
     let body = json(resp, 502).await;
     assert_eq!(body["error"], "delivery_failed");
     assert_eq!(
@@ -328,7 +358,7 @@ async fn a_corrupted_transfer_is_refused_and_nothing_is_published() {
         body["deliveries"][0]["error"], body["message"],
         "the outcome carries the same reason"
     );
-    let root = root_of(&server, "sandbox-p-0");
+    let root = root_of(server, "sandbox-p-0");
     assert_eq!(
         names_in(&root.join("cache")),
         Vec::<String>::new(),
@@ -341,7 +371,7 @@ async fn a_corrupted_transfer_is_refused_and_nothing_is_published() {
     // An honest transfer then succeeds.
     probe.corrupt.store(false, Ordering::SeqCst);
     let ok = json(
-        deliver(&alice, "w", json!({"runId": "r", "sandbox": "sandbox-p-0"})).await,
+        deliver(alice, "w", json!({"runId": "r", "sandbox": "sandbox-p-0"})).await,
         201,
     )
     .await;
@@ -352,12 +382,10 @@ async fn a_corrupted_transfer_is_refused_and_nothing_is_published() {
 
 #[tokio::test]
 async fn a_tampered_cache_dir_is_detected_and_delivered_again() {
-    let (server, _) = probed_server(|_| {}).await;
-    let alice = Caller::user(&server, "alice");
-    let (len, _) = ready_workload(&server, "alice", "w", FILES).await;
-    pool(&alice, "p", 1).await;
+    let (f, len, _) = Fixture::ready(|_| {}, "w", FILES).await;
+    let Fixture { alice, .. } = &f;
     let first = json(
-        deliver(&alice, "w", json!({"runId": "a", "sandbox": "sandbox-p-0"})).await,
+        deliver(alice, "w", json!({"runId": "a", "sandbox": "sandbox-p-0"})).await,
         201,
     )
     .await;
@@ -371,7 +399,7 @@ async fn a_tampered_cache_dir_is_detected_and_delivered_again() {
     std::fs::write(&file, b"tampered and longer\n").unwrap();
 
     let again = json(
-        deliver(&alice, "w", json!({"runId": "b", "sandbox": "sandbox-p-0"})).await,
+        deliver(alice, "w", json!({"runId": "b", "sandbox": "sandbox-p-0"})).await,
         201,
     )
     .await;
@@ -390,10 +418,12 @@ async fn a_tampered_cache_dir_is_detected_and_delivered_again() {
 
 #[tokio::test]
 async fn hostile_values_are_refused_before_any_exec() {
-    let (server, probe) = probed_server(|_| {}).await;
-    let alice = Caller::user(&server, "alice");
-    ready_workload(&server, "alice", "w", FILES).await;
-    pool(&alice, "p", 1).await;
+    let (f, ..) = Fixture::ready(|_| {}, "w", FILES).await;
+    let Fixture {
+        server,
+        probe,
+        alice,
+    } = &f;
 
     const RUN_RULE: &str = "runId must match ^[a-z0-9][a-z0-9._-]{0,62}$";
     const SANDBOX_RULE: &str = "sandbox must be a Kubernetes name";
@@ -444,7 +474,7 @@ async fn hostile_values_are_refused_before_any_exec() {
         (json!({"sandbox": "sandbox-p-0"}), "missing field `runId`"),
     ];
     for (body, message) in cases {
-        let resp = deliver(&alice, "w", body.clone()).await;
+        let resp = deliver(alice, "w", body.clone()).await;
         assert_error(resp, 400, "invalid_request", message).await;
     }
     // The workload name in the path is a value too.
@@ -463,19 +493,18 @@ async fn hostile_values_are_refused_before_any_exec() {
     assert_error(resp, 400, "invalid_request", "the workload name must be").await;
     assert_eq!(probe.execs.load(Ordering::SeqCst), 0, "nothing ran");
     assert_eq!(
-        names_in(&root_of(&server, "sandbox-p-0")),
+        names_in(&root_of(server, "sandbox-p-0")),
         Vec::<String>::new()
     );
 }
 
 #[tokio::test]
 async fn owners_are_isolated_also_in_shared_sandboxes() {
-    let (server, _) = probed_server(|c| {
+    let Fixture { server, alice, .. } = Fixture::start(|c| {
         c.delivery_shared_selector = Some("context.rossoctl.io/pool=shared".into());
     })
     .await;
     let platform = Caller::user(&server, "platform");
-    let alice = Caller::user(&server, "alice");
     pool(&platform, "shared", 1).await;
     pool(&platform, "private", 1).await;
     // The same files: the same revision for both owners.
@@ -588,11 +617,9 @@ async fn owners_are_isolated_also_in_shared_sandboxes() {
 
 #[tokio::test]
 async fn concurrent_runs_of_one_revision_make_one_transfer() {
-    let (server, probe) = probed_server(|_| {}).await;
-    let alice = Caller::user(&server, "alice");
     let big = noise(2_000_000, 3);
-    let (len, _) = ready_workload(&server, "alice", "w", &[("big.bin", &big)]).await;
-    pool(&alice, "p", 1).await;
+    let (f, len, _) = Fixture::ready(|_| {}, "w", &[("big.bin", &big)]).await;
+    let Fixture { probe, alice, .. } = &f;
     let mut tasks = Vec::new();
     for i in 0..8 {
         let alice = alice.clone();
@@ -642,8 +669,7 @@ fn mount_tmpfs(dir: &Path, size: &str) -> Mount {
 
 #[tokio::test]
 async fn disk_full_in_the_sandbox_fails_clearly_and_leaves_no_staging_dir() {
-    let (server, _) = probed_server(|_| {}).await;
-    let alice = Caller::user(&server, "alice");
+    let Fixture { server, alice, .. } = Fixture::start(|_| {}).await;
     let noisy = noise(1_000_000, 11);
     ready_workload(&server, "alice", "noisy", &[("big.bin", &noisy)]).await;
     // Tiny on the wire, 1 MiB inflated and again 1 MiB extracted.
@@ -683,8 +709,7 @@ async fn disk_full_in_the_sandbox_fails_clearly_and_leaves_no_staging_dir() {
 
 #[tokio::test]
 async fn pool_wide_delivery_and_partial_failure() {
-    let (server, _) = probed_server(|_| {}).await;
-    let alice = Caller::user(&server, "alice");
+    let Fixture { server, alice, .. } = Fixture::start(|_| {}).await;
     let (len, revision) = ready_workload(&server, "alice", "w", FILES).await;
     pool(&alice, "trio", 3).await;
 
@@ -758,8 +783,11 @@ async fn pool_wide_delivery_and_partial_failure() {
 
 #[tokio::test]
 async fn workload_state_scopes_and_delegation() {
-    let (server, probe) = probed_server(|_| {}).await;
-    let alice = Caller::user(&server, "alice");
+    let Fixture {
+        server,
+        probe,
+        alice,
+    } = Fixture::start(|_| {}).await;
     pool(&alice, "p", 1).await;
     let body = json!({"runId": "r", "sandbox": "sandbox-p-0"});
 
@@ -848,10 +876,8 @@ async fn workload_state_scopes_and_delegation() {
 
 #[tokio::test]
 async fn runs_survive_a_restart() {
-    let server = TestServer::start_with(|c| c.delivery_retention = 1).await;
-    let alice = Caller::user(&server, "alice");
-    ready_workload(&server, "alice", "w", FILES).await;
-    pool(&alice, "p", 1).await;
+    let (Fixture { server, alice, .. }, ..) =
+        Fixture::ready(|c| c.delivery_retention = 1, "w", FILES).await;
     let d = json(
         deliver(
             &alice,
@@ -895,13 +921,9 @@ async fn runs_survive_a_restart() {
 
 #[tokio::test]
 async fn broken_sandboxes_time_out_or_break_the_protocol_without_leaking() {
-    let (server, probe) = probed_server(|c| {
-        c.delivery_timeout = std::time::Duration::from_secs(1);
-    })
-    .await;
-    let alice = Caller::user(&server, "alice");
-    ready_workload(&server, "alice", "w", FILES).await;
-    pool(&alice, "p", 1).await;
+    let adjust = |c: &mut ServeConfig| c.delivery_timeout = std::time::Duration::from_secs(1);
+    let (f, ..) = Fixture::ready(adjust, "w", FILES).await;
+    let Fixture { probe, alice, .. } = &f;
     let cases = [
         ("sleep 30", "timeout: the delivery did not finish within 1s"),
         ("echo hello", "protocol_error: expected NEED, got \"hello\""),
@@ -921,7 +943,7 @@ async fn broken_sandboxes_time_out_or_break_the_protocol_without_leaking() {
     for (script, reason) in cases {
         *probe.replace.lock().unwrap() = Some(script.to_owned());
         let started = std::time::Instant::now();
-        let resp = deliver(&alice, "w", json!({"runId": "r", "sandbox": "sandbox-p-0"})).await;
+        let resp = deliver(alice, "w", json!({"runId": "r", "sandbox": "sandbox-p-0"})).await;
         assert_error(resp, 502, "delivery_failed", reason).await;
         assert!(
             started.elapsed() < std::time::Duration::from_secs(10),
@@ -939,12 +961,11 @@ async fn bundles_outside_the_cache_are_read_from_disk_or_streamed() {
     // in-flight budget (1 MiB) for both sandboxes; then a budget smaller
     // than the bundle: streamed from the file to each sandbox.
     for inflight in [1 << 20, 1024] {
-        let (server, _) = probed_server(|c| {
+        let Fixture { server, alice, .. } = Fixture::start(|c| {
             c.cache_bytes = 1024;
             c.delivery_inflight_bytes = inflight;
         })
         .await;
-        let alice = Caller::user(&server, "alice");
         let (len, _) = ready_workload(&server, "alice", "w", &[("big.bin", &big)]).await;
         pool(&alice, "p", 2).await;
         let d = json(
@@ -962,19 +983,15 @@ async fn bundles_outside_the_cache_are_read_from_disk_or_streamed() {
 
 #[tokio::test]
 async fn deliveries_are_bounded_by_the_delivery_timeout_not_the_request_deadline() {
-    let (server, probe) = probed_server(|c| {
-        c.request_deadline = Duration::from_millis(500);
-    })
-    .await;
-    let alice = Caller::user(&server, "alice");
-    ready_workload(&server, "alice", "docs", FILES).await;
-    pool(&alice, "p", 1).await;
+    let adjust = |c: &mut ServeConfig| c.request_deadline = Duration::from_millis(500);
+    let (f, ..) = Fixture::ready(adjust, "docs", FILES).await;
+    let Fixture { probe, alice, .. } = &f;
     // Every exec into the sandbox takes longer than the request deadline.
     *probe.delay.lock().unwrap() = Some(Duration::from_millis(1200));
 
     let body = json(
         deliver(
-            &alice,
+            alice,
             "docs",
             json!({"runId": "slow", "sandbox": "sandbox-p-0"}),
         )

@@ -1,11 +1,15 @@
 //! The integration tests in one binary (one link of kube, axum and redb
 //! instead of one per file): the HTTP API over a real server, `contextctl`
-//! run as the built binary, and the bundle engine's rules and properties.
+//! run as the built binary, the bundle engine's rules and properties, the
+//! delivery scripts under dash and busybox (`delivery_script`) and the blob
+//! store against a real S3 server (`object_blobs`, skipped without one).
 //! Run one part with `cargo test --test api pools::`.
 //!
 //! Not here: `bundle_bomb` (a counting global allocator) and
 //! `bundle_threads` (counts the process's threads) must be alone in their
-//! process; the Kubernetes end-to-end targets need the `e2e` feature.
+//! process, and so must `migrate` and `object_storage_outage` (each points
+//! the process's `AWS_*` variables at a private S3 server); the Kubernetes
+//! end-to-end targets need the `e2e` feature.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -27,11 +31,13 @@ mod contextctl_pools;
 mod contextctl_workload;
 mod contexts;
 mod deliveries;
+mod delivery_script;
 mod deploy_files;
 mod dockerfile;
 mod hardening;
 mod hs256_secret;
 mod monitoring;
+mod object_blobs;
 mod object_storage;
 mod openapi;
 mod owner_scope_key;
