@@ -26,6 +26,7 @@ mod metrics;
 pub mod names;
 mod recovery;
 mod service;
+mod settings;
 mod state;
 mod upload;
 mod view;
@@ -35,7 +36,8 @@ pub use error::WorkloadError;
 pub use grants::UploadTicket;
 pub use metrics::WorkloadMetrics;
 pub use recovery::RecoveryReport;
-pub use service::{CreateWorkload, WorkloadService, WorkloadSettings, DEFAULT_UPLOAD_TEMP_BYTES};
+pub use service::{CreateWorkload, WorkloadService};
+pub use settings::{WorkloadSettings, DEFAULT_UPLOAD_TEMP_BYTES};
 pub use upload::BodyStream;
 pub use view::{rfc3339, RevisionView, UploadGrantView, WorkloadView, BUNDLE_MEDIA_TYPE};
 

@@ -3,52 +3,19 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
 
-use super::admission::{UploadGate, UploadLimits};
+use super::admission::UploadGate;
 use super::names;
 use super::recovery::{self, RecoveryReport};
+use super::settings::WorkloadSettings;
 use super::state::{blocking, now_ms, random_bytes, Inner};
 use super::{WorkloadError, WorkloadMetrics, WorkloadView};
-use crate::bundle::{manifest_of_bundle, Limits, TempBudget, TreeManifest};
+use crate::bundle::{manifest_of_bundle, TempBudget, TreeManifest};
 use crate::cache::{BundleCache, CachedBundle};
 use crate::store::{
     MetadataStore, OwnerMigration, RevisionRecord, Storage, StoreError, WorkloadRecord,
     WorkloadStatus, SCHEMA_OWNER_KINDS,
 };
-
-/// Tunables of the workload service.
-#[derive(Debug, Clone)]
-pub struct WorkloadSettings {
-    /// Most workloads per owner.
-    pub quota: usize,
-    /// Lifetime of an upload grant.
-    pub grant_ttl: Duration,
-    /// Bundle limits.
-    pub limits: Limits,
-    /// How many uploads run at once.
-    pub uploads: UploadLimits,
-    /// Temporary disk all running uploads may hold together, in bytes.
-    pub upload_temp_bytes: u64,
-    /// Deflate threads of an upload's canonical gzip (`0`: one per core).
-    pub deflate_threads: usize,
-}
-
-/// Default of [`WorkloadSettings::upload_temp_bytes`]: 4 GiB.
-pub const DEFAULT_UPLOAD_TEMP_BYTES: u64 = 4 << 30;
-
-impl Default for WorkloadSettings {
-    fn default() -> Self {
-        Self {
-            quota: 20,
-            grant_ttl: Duration::from_secs(300),
-            limits: Limits::default(),
-            uploads: UploadLimits::default(),
-            upload_temp_bytes: DEFAULT_UPLOAD_TEMP_BYTES,
-            deflate_threads: 0,
-        }
-    }
-}
 
 /// A create request, already parsed.
 #[derive(Debug, Clone, Default)]

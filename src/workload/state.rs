@@ -10,7 +10,8 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 use super::admission::UploadGate;
-use super::{WorkloadError, WorkloadMetrics, WorkloadSettings};
+use super::settings::WorkloadSettings;
+use super::{WorkloadError, WorkloadMetrics};
 use crate::bundle::TempBudget;
 use crate::cache::BundleCache;
 use crate::store::{Blobs, MetadataStore};
