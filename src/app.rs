@@ -18,6 +18,7 @@ use crate::pool::metrics::{self as pool_metrics, PoolMetrics};
 use crate::pool::validate::TtlBounds;
 use crate::pool::{reaper, PoolQuotas, PoolService};
 use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
+use crate::store::{Storage, StorageSettings};
 use crate::workload::{UploadLimits, WorkloadService, WorkloadSettings};
 
 /// Whether the process still takes traffic: cleared when shutdown begins,
@@ -122,7 +123,10 @@ impl AppState {
             Arc::new(PoolService::with_quotas(backend.pools, quotas).with_ttl_bounds(ttl_bounds));
         // Deletes expired pools, first those that expired while we were down.
         reaper::spawn_reaper(&pools, reaper::RESCAN_EVERY);
-        let workloads = build_workloads(config).await?;
+        let storage = Storage::open(&config.data_dir, &config.storage_settings())
+            .await
+            .context("opening the workload store")?;
+        let workloads = build_workloads(config, &storage).await?;
         metrics.with_registry(|r| workloads.metrics().register(r));
         let pool_metrics = PoolMetrics::default();
         metrics.with_registry(|r| pool_metrics.register(r));
@@ -137,7 +141,7 @@ impl AppState {
                     exec,
                     pools: pools.clone(),
                     workloads: workloads.clone(),
-                    runs: workloads.run_store(),
+                    runs: storage.runs().clone(),
                     owner_scope: owner_scope.clone(),
                 };
                 let service = DeliveryService::new(delivery_settings, deps)?;
@@ -215,10 +219,16 @@ impl ServeConfig {
             },
             upload_temp_bytes: self.upload_temp_max_bytes,
             deflate_threads: self.bundle_threads.into(),
+        }
+    }
+
+    /// Where the store keeps metadata and bundles.
+    pub fn storage_settings(&self) -> StorageSettings {
+        StorageSettings {
+            database_url: self.database_url.clone(),
             blob_url: self.blob_url.clone(),
             blob_gc_grace: self.blob_gc_grace,
             blob_local_max_bytes: self.blob_local_max_bytes,
-            database_url: self.database_url.clone(),
         }
     }
 
@@ -364,12 +374,14 @@ fn load_service_token(config: &ServeConfig) -> anyhow::Result<Option<ServiceToke
     Ok(Some(token))
 }
 
-/// Opens the store (embedded, or PostgreSQL with `--database-url`) and runs
-/// start-up recovery.
-async fn build_workloads(config: &ServeConfig) -> anyhow::Result<WorkloadService> {
+/// The workload service over `storage`, after start-up recovery.
+async fn build_workloads(
+    config: &ServeConfig,
+    storage: &Storage,
+) -> anyhow::Result<WorkloadService> {
     let cache = Arc::new(crate::cache::BundleCache::new(config.cache_bytes));
     let (service, report) =
-        WorkloadService::open(&config.data_dir, config.workload_settings(), cache)
+        WorkloadService::open(storage.clone(), config.workload_settings(), cache)
             .await
             .context("opening the workload store")?;
     // Owners recorded before they had kinds were token subjects (or

@@ -226,7 +226,7 @@ pub struct ServeConfig {
     /// With `--blob-url`: about how many bytes this replica's disk copies
     /// of stored bundles may take (8 GiB by default); the least recently
     /// used are dropped beyond it and fetched again when needed.
-    #[arg(long, env = "CS_BLOB_LOCAL_MAX_BYTES", default_value_t = crate::workload::DEFAULT_BLOB_LOCAL_BYTES)]
+    #[arg(long, env = "CS_BLOB_LOCAL_MAX_BYTES", default_value_t = crate::store::DEFAULT_BLOB_LOCAL_BYTES)]
     pub blob_local_max_bytes: u64,
     /// Byte budget of the in-memory bundle cache (512 MiB by default).
     #[arg(long, env = "CS_CACHE_BYTES", default_value_t = 512 * 1024 * 1024)]

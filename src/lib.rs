@@ -21,6 +21,7 @@ pub mod fsutil;
 pub mod metrics;
 pub mod migrate;
 pub mod pool;
+pub mod runtime;
 pub mod sandbox;
 pub mod server;
 pub mod store;

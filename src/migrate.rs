@@ -121,7 +121,18 @@ fn server_secret_path(data_dir: &Path) -> PathBuf {
 /// Runs `context-service migrate` and prints its summary; the exit code
 /// (`0` everything is in the target, `1` something is not).
 pub fn run_cli(config: &MigrateConfig) -> ExitCode {
-    match run(config) {
+    // One worker is plenty: the copy is sequential.
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| MigrateError::Other(format!("starting a runtime: {e}")))
+        .and_then(|runtime| {
+            let owned = config.clone();
+            crate::runtime::run_to_end(&runtime, async move { run(&owned).await })
+                .unwrap_or_else(|e| Err(MigrateError::Other(format!("{e:#}"))))
+        });
+    match result {
         Ok(report) => {
             print_summary(config, &report);
             for line in &report.problems {
@@ -182,7 +193,7 @@ fn print_summary(config: &MigrateConfig, r: &Report) {
 
 /// Copies everything; problems with single records are in the report,
 /// failures of a whole store end it early.
-pub fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
+pub async fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
     let dir = &config.from_data_dir;
     let secret = read_server_secret(dir)?;
     let source = RedbSource::open(&dir.join("store").join("meta.redb"))?;
@@ -201,11 +212,9 @@ pub fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
     let blobs = dir.join("blobs").join("sha256");
     let objects = ObjectBlobs::from_url(&config.blob_url)
         .map_err(|e| MigrateError::Storage(format!("--blob-url/CS_BLOB_URL: {e}")))?;
-    let target = PostgresStore::connect(&config.database_url).map_err(db_err)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| MigrateError::Other(format!("starting a runtime: {e}")))?;
+    let target = PostgresStore::connect(&config.database_url)
+        .await
+        .map_err(db_err)?;
     let mut report = Report::default();
     let now_ms = now_ms();
     // Workloads whose records (or lack of them) keep their grants and runs
@@ -232,7 +241,7 @@ pub fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
             held_back.insert((rec.owner.clone(), rec.name.clone()));
             continue;
         }
-        let copied_blobs = runtime.block_on(copy_blobs(&blobs, &objects, rec, &label));
+        let copied_blobs = copy_blobs(&blobs, &objects, rec, &label).await;
         match copied_blobs {
             Ok(done) => {
                 report.blobs_copied += done.copied;
@@ -246,7 +255,7 @@ pub fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
                 continue;
             }
         }
-        let existing = target.import_workload(rec, &w.raw).map_err(db_err)?;
+        let existing = target.import_workload(rec, &w.raw).await.map_err(db_err)?;
         let inserted = match classify(existing, w) {
             Outcome::Copied => {
                 report.workloads.copied += 1;
@@ -268,9 +277,13 @@ pub fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
         };
         for g in grants_of.get(rec.uid.as_str()).into_iter().flatten() {
             let outcome = if inserted {
-                classify(target.import_grant(&g.record, &g.raw).map_err(db_err)?, g)
+                let existing = target
+                    .import_grant(&g.record, &g.raw)
+                    .await
+                    .map_err(db_err)?;
+                classify(existing, g)
             } else {
-                match target.grant(&g.record.id).map_err(db_err)? {
+                match target.grant(&g.record.id).await.map_err(db_err)? {
                     // Used or revoked there: not brought back, not counted.
                     None => continue,
                     Some(there) => classify(Some(encode_grant(&there)?), g),
@@ -295,7 +308,7 @@ pub fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
         if held_back.contains(&(rec.owner.clone(), rec.workload.clone())) {
             continue;
         }
-        let existing = target.import_run(rec, &r.raw).map_err(db_err)?;
+        let existing = target.import_run(rec, &r.raw).await.map_err(db_err)?;
         match classify(existing, r) {
             Outcome::Copied => report.runs.copied += 1,
             Outcome::Same => report.runs.already += 1,

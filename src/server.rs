@@ -273,7 +273,9 @@ mod tests {
         let runtime = runtime(&config).unwrap();
         let running = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
-        runtime.block_on(async {
+        let (r, m) = (running.clone(), most.clone());
+        crate::runtime::run_to_end(&runtime, async move {
+            let (running, most) = (r, m);
             let tasks: Vec<_> = (0..24)
                 .map(|_| {
                     let (running, most) = (running.clone(), most.clone());
@@ -288,7 +290,8 @@ mod tests {
             for task in tasks {
                 task.await.unwrap();
             }
-        });
+        })
+        .unwrap();
         // Queued, not refused: all 24 ran, never more than 3 at once.
         assert_eq!(most.load(Ordering::SeqCst), 3);
     }

@@ -171,12 +171,9 @@ async fn listing(caller: &Caller) -> Value {
     resp.json::<Value>().await.unwrap()["workloads"].clone()
 }
 
-/// The target store, read from a blocking thread.
+/// The target store.
 async fn target_store(url: &DatabaseUrl) -> Arc<PostgresStore> {
-    let url = url.clone();
-    tokio::task::spawn_blocking(move || Arc::new(PostgresStore::connect(&url).unwrap()))
-        .await
-        .unwrap()
+    Arc::new(PostgresStore::connect(url).await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,9 +235,13 @@ async fn migrate_copies_a_single_replica_into_postgres_and_object_storage() {
     };
     {
         let store = RedbStore::open(&source.data_dir.join("store/meta.redb")).unwrap();
-        store.add_to_run(&run).unwrap();
+        store.add_to_run(&run).await.unwrap();
         let grant_id = grant.url.rsplit('/').next().unwrap();
-        assert!(store.grant(grant_id).unwrap().is_some(), "{}", grant.url);
+        assert!(
+            store.grant(grant_id).await.unwrap().is_some(),
+            "{}",
+            grant.url
+        );
     }
     let redb_before = std::fs::read(source.data_dir.join("store/meta.redb")).unwrap();
     // The grants migrate copies: the unexpired ones (every one here).
@@ -389,12 +390,7 @@ async fn migrate_copies_a_single_replica_into_postgres_and_object_storage() {
     )
     .await;
     let store = target_store(&url).await;
-    let copied_run = {
-        let store = store.clone();
-        tokio::task::spawn_blocking(move || store.run("sub:alice", "docs", "run-1").unwrap())
-            .await
-            .unwrap()
-    };
+    let copied_run = store.run("sub:alice", "docs", "run-1").await.unwrap();
     assert_eq!(copied_run, Some(run));
 
     // Now the target moved on (draft activated, inbox uploaded): a third
@@ -479,14 +475,8 @@ async fn a_corrupt_blob_is_refused_and_its_workload_left_out() {
 
     // Nothing of `bad` in the target: no record, no grant, no object.
     let store = target_store(&url).await;
-    let (good, bad_rec) = tokio::task::spawn_blocking(move || {
-        (
-            store.workload("sub:alice", "good").unwrap(),
-            store.workload("sub:alice", "bad").unwrap(),
-        )
-    })
-    .await
-    .unwrap();
+    let good = store.workload("sub:alice", "good").await.unwrap();
+    let bad_rec = store.workload("sub:alice", "bad").await.unwrap();
     assert!(good.is_some());
     assert!(bad_rec.is_none(), "{bad_rec:?}");
     let objects = ObjectBlobs::from_url(&blobs).unwrap();

@@ -48,7 +48,8 @@ fn main() -> ExitCode {
             let result = context_service::server::runtime(&config)
                 .map_err(anyhow::Error::from)
                 .and_then(|runtime| {
-                    let served = runtime.block_on(serve(config));
+                    let served = context_service::runtime::run_to_end(&runtime, serve(config))
+                        .and_then(|served| served);
                     // Stopping the runtime drops every task, and with them
                     // the last handles on the store: its drop is the clean
                     // close that spares the next start a repair.

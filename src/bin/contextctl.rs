@@ -130,7 +130,13 @@ fn main() -> ExitCode {
             .enable_all()
             .build()
         {
-            Ok(rt) => rt.block_on(online(command, &cli.conn, cli.output)),
+            Ok(rt) => {
+                let (conn, output) = (cli.conn, cli.output);
+                context_service::runtime::run_to_end(&rt, async move {
+                    online(command, &conn, output).await
+                })
+                .and_then(|done| done)
+            }
             Err(e) => Err(anyhow::Error::new(e).context("cannot start the async runtime")),
         },
     };

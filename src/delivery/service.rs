@@ -252,8 +252,7 @@ impl DeliveryService {
         })?;
         let run_key = (owner.to_owned(), workload.to_owned(), input.run_id.clone());
         let _run = inner.run_locks.lock(run_key).await;
-        let (o, w, r) = (owner.to_owned(), workload.to_owned(), input.run_id.clone());
-        if let Some(existing) = registry(&inner.runs, move |runs| runs.run(&o, &w, &r)).await? {
+        if let Some(existing) = inner.runs.run(owner, workload, &input.run_id).await? {
             if existing.revision != revision.revision {
                 return Err(DeliveryError::RunConflict {
                     run: input.run_id.clone(),
@@ -315,7 +314,7 @@ impl DeliveryService {
                 sandboxes: placed,
                 created_at_ms: now_ms(),
             };
-            match registry(&inner.runs, move |runs| runs.add_to_run(&record)).await {
+            match inner.runs.add_to_run(&record).await {
                 Ok(_) => {}
                 // Checked under the run lock above; only another replica
                 // sharing the store could get here.
@@ -364,8 +363,9 @@ impl DeliveryService {
         let inner = &self.inner;
         let run_key = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
         let _run = inner.run_locks.lock(run_key).await;
-        let (o, w, r) = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
-        let run = registry(&inner.runs, move |runs| runs.run(&o, &w, &r))
+        let run = inner
+            .runs
+            .run(owner, workload, run_id)
             .await?
             .ok_or_else(|| DeliveryError::RunNotFound(run_id.to_owned()))?;
         let outcomes: Vec<SandboxOutcome> = futures::stream::iter(run.sandboxes.clone())
@@ -378,11 +378,10 @@ impl DeliveryService {
             .filter(|o| o.error.is_none())
             .map(|o| o.sandbox.clone())
             .collect();
-        let (o, w, r) = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
-        registry(&inner.runs, move |runs| {
-            runs.remove_from_run(&o, &w, &r, &released)
-        })
-        .await?;
+        inner
+            .runs
+            .remove_from_run(owner, workload, run_id, &released)
+            .await?;
         match failure_reason(&outcomes) {
             None => Ok(()),
             Some(reason) => Err(DeliveryError::Failed { reason, outcomes }),
@@ -395,8 +394,7 @@ impl DeliveryService {
     pub async fn list(&self, owner: &Owner, workload: &str) -> Result<Vec<RunView>, DeliveryError> {
         let owner = &owner.key();
         check_workload(workload)?;
-        let (o, w) = (owner.to_owned(), workload.to_owned());
-        let runs = registry(&self.inner.runs, move |runs| runs.runs_of(&o, &w)).await?;
+        let runs = self.inner.runs.runs_of(owner, workload).await?;
         if runs.is_empty() {
             self.inner
                 .workloads
@@ -650,20 +648,6 @@ fn failure_reason(outcomes: &[SandboxOutcome]) -> Option<String> {
         outcomes.len(),
         first.sandbox
     ))
-}
-
-/// Runs a run-registry call on tokio's blocking pool: the store blocks
-/// (a network round trip on PostgreSQL) and must not run on a runtime
-/// worker.
-async fn registry<T: Send + 'static>(
-    runs: &Arc<dyn RunStore>,
-    f: impl FnOnce(&dyn RunStore) -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    let runs = runs.clone();
-    let span = tracing::Span::current();
-    tokio::task::spawn_blocking(move || span.in_scope(|| f(runs.as_ref())))
-        .await
-        .map_err(|e| StoreError::Database(format!("run registry task failed: {e}")))?
 }
 
 fn workload_error(name: &str, e: WorkloadError) -> DeliveryError {

@@ -1,8 +1,10 @@
 //! The store: workload metadata in a transactional database behind the
-//! [`MetadataStore`] trait — embedded ([`RedbStore`], the default) or shared
-//! by replicas ([`PostgresStore`]) — and bundle bytes in a content-addressed
-//! [`BlobStore`]. The same database holds the delivery run registry
-//! ([`RunStore`]).
+//! async [`MetadataStore`] trait — embedded ([`RedbStore`], the default) or
+//! shared by replicas ([`PostgresStore`]) — and bundle bytes in [`Blobs`]:
+//! a content-addressed [`BlobStore`], alone or as copies of object storage
+//! ([`ObjectBlobs`]). The same database holds the delivery run registry
+//! ([`RunStore`]). [`Storage::open`] builds all of it from
+//! [`StorageSettings`], the one place that knows the backends.
 //!
 //! Write order makes crashes harmless: a blob is durable (fsync + rename +
 //! directory fsync) before any metadata that names it commits.
@@ -14,6 +16,7 @@ mod postgres;
 mod redb_source;
 mod redb_store;
 mod runs;
+mod storage;
 
 pub use blob::{is_digest, BlobStore, TempBlob};
 pub use object::{
@@ -23,6 +26,10 @@ pub use postgres::{DatabaseUrl, PostgresStore};
 pub use redb_source::{RedbSource, SourceError, SourceRecord};
 pub use redb_store::RedbStore;
 pub use runs::{RunRecord, RunSandbox, RunStore};
+pub use storage::{
+    BlobError, Blobs, OpenError, Storage, StorageSettings, DEFAULT_BLOB_GC_GRACE,
+    DEFAULT_BLOB_LOCAL_BYTES,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -195,10 +202,11 @@ pub enum StoreError {
 }
 
 /// Workload metadata storage. Every method is one transaction.
+#[async_trait::async_trait]
 pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     /// Inserts a new workload (and its first grant) unless the owner has one
     /// of that name or already `quota` workloads.
-    fn insert_workload(
+    async fn insert_workload(
         &self,
         record: &WorkloadRecord,
         grant: &GrantRecord,
@@ -206,47 +214,53 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     ) -> Result<(), StoreError>;
 
     /// The owner's workload `name`.
-    fn workload(&self, owner: &str, name: &str) -> Result<Option<WorkloadRecord>, StoreError>;
+    async fn workload(&self, owner: &str, name: &str)
+        -> Result<Option<WorkloadRecord>, StoreError>;
 
     /// The owner's workloads, by name.
-    fn workloads_of(&self, owner: &str) -> Result<Vec<WorkloadRecord>, StoreError>;
+    async fn workloads_of(&self, owner: &str) -> Result<Vec<WorkloadRecord>, StoreError>;
 
     /// Every workload of every owner (recovery, blob collection).
-    fn all_workloads(&self) -> Result<Vec<WorkloadRecord>, StoreError>;
+    async fn all_workloads(&self) -> Result<Vec<WorkloadRecord>, StoreError>;
 
     /// Replaces the record if its stored version is still `record.version`
     /// (else [`StoreError::Conflict`]), bumping the version; consumes the
     /// grant `consume_grant` in the same transaction when given (else
     /// [`StoreError::GrantUsed`]). Returns the stored record.
-    fn replace_workload(
+    async fn replace_workload(
         &self,
         record: &WorkloadRecord,
         consume_grant: Option<&str>,
     ) -> Result<WorkloadRecord, StoreError>;
 
     /// Removes the record (if still at `version`) and its grants.
-    fn remove_workload(&self, owner: &str, name: &str, version: u64) -> Result<(), StoreError>;
+    async fn remove_workload(
+        &self,
+        owner: &str,
+        name: &str,
+        version: u64,
+    ) -> Result<(), StoreError>;
 
     /// Stores a grant.
-    fn insert_grant(&self, grant: &GrantRecord) -> Result<(), StoreError>;
+    async fn insert_grant(&self, grant: &GrantRecord) -> Result<(), StoreError>;
 
     /// The grant with public id `id`.
-    fn grant(&self, id: &str) -> Result<Option<GrantRecord>, StoreError>;
+    async fn grant(&self, id: &str) -> Result<Option<GrantRecord>, StoreError>;
 
     /// Removes the grant `id` (it can never be used again); whether it
     /// was there.
-    fn remove_grant(&self, id: &str) -> Result<bool, StoreError>;
+    async fn remove_grant(&self, id: &str) -> Result<bool, StoreError>;
 
     /// Removes grants that expired before `now_ms`; returns how many.
-    fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError>;
+    async fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError>;
 
     /// Brings records older than schema `version` to it in one
     /// transaction: every owner (of workloads, their keys, and grants)
     /// becomes `map(owner)`, then `version` is recorded. `None` when the
     /// records were at `version` already (so running it again is a no-op).
-    fn migrate_owners(
+    async fn migrate_owners(
         &self,
         version: u64,
-        map: &dyn Fn(&str) -> String,
+        map: for<'m> fn(&'m str) -> String,
     ) -> Result<Option<OwnerMigration>, StoreError>;
 }

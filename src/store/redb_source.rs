@@ -156,8 +156,8 @@ mod tests {
     use super::*;
     use crate::store::{MetadataStore, RedbStore, WorkloadStatus};
 
-    #[test]
-    fn reads_verbatim_refuses_a_held_file_and_never_writes() {
+    #[tokio::test]
+    async fn reads_verbatim_refuses_a_held_file_and_never_writes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("meta.redb");
         assert!(matches!(
@@ -186,7 +186,7 @@ mod tests {
             workload_uid: "u".into(),
             expires_at_ms: 9,
         };
-        store.insert_workload(&record, &grant, 20).unwrap();
+        store.insert_workload(&record, &grant, 20).await.unwrap();
         assert!(matches!(
             RedbSource::open(&path),
             Err(SourceError::InUse(_))

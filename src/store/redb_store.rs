@@ -1,6 +1,7 @@
 //! [`MetadataStore`] on redb: one file, ACID transactions, fsync on commit.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
@@ -20,9 +21,16 @@ pub(super) const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("deli
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 pub(super) const SCHEMA_KEY: &str = "schema_version";
 
-/// The redb-backed metadata store.
-#[derive(Debug)]
+/// The redb-backed metadata store. redb blocks (file I/O, fsync on
+/// commit), so each call runs its transaction on tokio's blocking pool.
+#[derive(Debug, Clone)]
 pub struct RedbStore {
+    tables: Arc<Tables>,
+}
+
+/// The database and its synchronous transactions.
+#[derive(Debug)]
+struct Tables {
     db: Database,
 }
 
@@ -62,7 +70,8 @@ fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
 }
 
 impl RedbStore {
-    /// Opens (or creates) the database file at `path`.
+    /// Opens (or creates) the database file at `path`. Blocking: call it
+    /// from a blocking thread (or before the runtime serves anything).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         // redb would create the file with the umask's permissions: create
         // it (or narrow it) first; redb initialises an empty file.
@@ -88,11 +97,32 @@ impl RedbStore {
             }
         }
         txn.commit().map_err(db_err)?;
-        Ok(Self { db })
+        Ok(Self {
+            tables: Arc::new(Tables { db }),
+        })
     }
 
     /// The records' schema version (1 when none is recorded).
-    pub fn schema_version(&self) -> Result<u64, StoreError> {
+    pub async fn schema_version(&self) -> Result<u64, StoreError> {
+        self.blocking(Tables::schema_version).await
+    }
+
+    /// Runs `f` on the tables on tokio's blocking pool, in the caller's
+    /// span (so its log lines name the request).
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Tables) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let tables = self.tables.clone();
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || span.in_scope(|| f(&tables)))
+            .await
+            .map_err(|e| StoreError::Database(format!("metadata task failed: {e}")))?
+    }
+}
+
+impl Tables {
+    fn schema_version(&self) -> Result<u64, StoreError> {
         let txn = self.db.begin_read().map_err(db_err)?;
         let meta = txn.open_table(META).map_err(db_err)?;
         Ok(meta
@@ -116,7 +146,7 @@ impl RedbStore {
     }
 }
 
-impl MetadataStore for RedbStore {
+impl Tables {
     fn insert_workload(
         &self,
         record: &WorkloadRecord,
@@ -260,7 +290,7 @@ impl MetadataStore for RedbStore {
     fn migrate_owners(
         &self,
         version: u64,
-        map: &dyn Fn(&str) -> String,
+        map: fn(&str) -> String,
     ) -> Result<Option<OwnerMigration>, StoreError> {
         let txn = self.db.begin_write().map_err(db_err)?;
         let mut done = OwnerMigration::default();
@@ -332,7 +362,7 @@ impl MetadataStore for RedbStore {
     }
 }
 
-impl RunStore for RedbStore {
+impl Tables {
     fn run(
         &self,
         owner: &str,
@@ -418,8 +448,126 @@ impl RunStore for RedbStore {
     }
 }
 
+#[async_trait::async_trait]
+impl MetadataStore for RedbStore {
+    async fn insert_workload(
+        &self,
+        record: &WorkloadRecord,
+        grant: &GrantRecord,
+        quota: usize,
+    ) -> Result<(), StoreError> {
+        let (record, grant) = (record.clone(), grant.clone());
+        self.blocking(move |t| t.insert_workload(&record, &grant, quota))
+            .await
+    }
+
+    async fn workload(
+        &self,
+        owner: &str,
+        name: &str,
+    ) -> Result<Option<WorkloadRecord>, StoreError> {
+        let (owner, name) = (owner.to_owned(), name.to_owned());
+        self.blocking(move |t| t.workload(&owner, &name)).await
+    }
+
+    async fn workloads_of(&self, owner: &str) -> Result<Vec<WorkloadRecord>, StoreError> {
+        let owner = owner.to_owned();
+        self.blocking(move |t| t.workloads_of(&owner)).await
+    }
+
+    async fn all_workloads(&self) -> Result<Vec<WorkloadRecord>, StoreError> {
+        self.blocking(Tables::all_workloads).await
+    }
+
+    async fn replace_workload(
+        &self,
+        record: &WorkloadRecord,
+        consume_grant: Option<&str>,
+    ) -> Result<WorkloadRecord, StoreError> {
+        let (record, grant) = (record.clone(), consume_grant.map(str::to_owned));
+        self.blocking(move |t| t.replace_workload(&record, grant.as_deref()))
+            .await
+    }
+
+    async fn remove_workload(
+        &self,
+        owner: &str,
+        name: &str,
+        version: u64,
+    ) -> Result<(), StoreError> {
+        let (owner, name) = (owner.to_owned(), name.to_owned());
+        self.blocking(move |t| t.remove_workload(&owner, &name, version))
+            .await
+    }
+
+    async fn insert_grant(&self, grant: &GrantRecord) -> Result<(), StoreError> {
+        let grant = grant.clone();
+        self.blocking(move |t| t.insert_grant(&grant)).await
+    }
+
+    async fn grant(&self, id: &str) -> Result<Option<GrantRecord>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |t| t.grant(&id)).await
+    }
+
+    async fn remove_grant(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |t| t.remove_grant(&id)).await
+    }
+
+    async fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError> {
+        self.blocking(move |t| t.purge_expired_grants(now_ms)).await
+    }
+
+    async fn migrate_owners(
+        &self,
+        version: u64,
+        map: for<'m> fn(&'m str) -> String,
+    ) -> Result<Option<OwnerMigration>, StoreError> {
+        self.blocking(move |t| t.migrate_owners(version, map)).await
+    }
+}
+
+#[async_trait::async_trait]
+impl RunStore for RedbStore {
+    async fn run(
+        &self,
+        owner: &str,
+        workload: &str,
+        run_id: &str,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let key = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
+        self.blocking(move |t| t.run(&key.0, &key.1, &key.2)).await
+    }
+
+    async fn runs_of(&self, owner: &str, workload: &str) -> Result<Vec<RunRecord>, StoreError> {
+        let (owner, workload) = (owner.to_owned(), workload.to_owned());
+        self.blocking(move |t| t.runs_of(&owner, &workload)).await
+    }
+
+    async fn add_to_run(&self, run: &RunRecord) -> Result<RunRecord, StoreError> {
+        let run = run.clone();
+        self.blocking(move |t| t.add_to_run(&run)).await
+    }
+
+    async fn remove_from_run(
+        &self,
+        owner: &str,
+        workload: &str,
+        run_id: &str,
+        sandboxes: &[String],
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let key = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
+        let sandboxes = sandboxes.to_vec();
+        self.blocking(move |t| t.remove_from_run(&key.0, &key.1, &key.2, &sandboxes))
+            .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    //! The transactions themselves, synchronously; the async face is
+    //! covered by the store conformance tests.
     use super::*;
     use crate::store::WorkloadStatus;
 
@@ -453,7 +601,7 @@ mod tests {
     #[test]
     fn owners_never_see_each_others_keys() {
         let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(&dir.path().join("m.redb")).unwrap();
+        let store = RedbStore::open(&dir.path().join("m.redb")).unwrap().tables;
         // "a" + "b/x" must not collide with "a/b" + "x" or prefix-match "ab".
         for (owner, name) in [("a", "x"), ("ab", "x"), ("a/b", "x"), ("b", "y")] {
             let r = record(owner, name);
@@ -479,7 +627,7 @@ mod tests {
     #[test]
     fn quota_name_and_compare_and_swap() {
         let dir = tempfile::tempdir().unwrap();
-        let store = RedbStore::open(&dir.path().join("m.redb")).unwrap();
+        let store = RedbStore::open(&dir.path().join("m.redb")).unwrap().tables;
         let r1 = record("o", "one");
         store
             .insert_workload(&r1, &grant("g1", &r1, 10), 2)
@@ -520,7 +668,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
         {
-            let store = RedbStore::open(&path).unwrap();
+            let store = RedbStore::open(&path).unwrap().tables;
             assert_eq!(store.schema_version().unwrap(), SCHEMA_OWNER_KINDS);
             // Pretend a version-1 store: bare owners, no version recorded.
             let r = record("alice", "w");
@@ -529,10 +677,10 @@ mod tests {
             txn.open_table(META).unwrap().remove(SCHEMA_KEY).unwrap();
             txn.commit().unwrap();
         }
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::open(&path).unwrap().tables;
         assert_eq!(store.schema_version().unwrap(), 1);
         let map = |o: &str| format!("sub:{o}");
-        let done = store.migrate_owners(SCHEMA_OWNER_KINDS, &map).unwrap();
+        let done = store.migrate_owners(SCHEMA_OWNER_KINDS, map).unwrap();
         assert_eq!(
             done,
             Some(OwnerMigration {
@@ -549,10 +697,7 @@ mod tests {
         );
         assert_eq!(store.grant("g").unwrap().unwrap().owner, "sub:alice");
         // Again: nothing to do, nothing prefixed twice.
-        assert_eq!(
-            store.migrate_owners(SCHEMA_OWNER_KINDS, &map).unwrap(),
-            None
-        );
+        assert_eq!(store.migrate_owners(SCHEMA_OWNER_KINDS, map).unwrap(), None);
         assert_eq!(store.workloads_of("sub:alice").unwrap().len(), 1);
         assert_eq!(store.schema_version().unwrap(), SCHEMA_OWNER_KINDS);
     }
@@ -562,13 +707,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
         {
-            let store = RedbStore::open(&path).unwrap();
+            let store = RedbStore::open(&path).unwrap().tables;
             let r = record("o", "w");
             store.insert_workload(&r, &grant("old", &r, 5), 20).unwrap();
             store.insert_grant(&grant("new", &r, 50)).unwrap();
             assert_eq!(store.purge_expired_grants(10).unwrap(), 1);
         }
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::open(&path).unwrap().tables;
         assert!(store.grant("old").unwrap().is_none());
         assert!(store.grant("new").unwrap().is_some());
         assert_eq!(store.workload("o", "w").unwrap().unwrap().version, 1);
@@ -599,7 +744,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
         {
-            let store = RedbStore::open(&path).unwrap();
+            let store = RedbStore::open(&path).unwrap().tables;
             store.add_to_run(&run("o", "w", "a", &["s2"])).unwrap();
             let merged = store
                 .add_to_run(&run("o", "w", "a", &["s1", "s2"]))
@@ -621,7 +766,7 @@ mod tests {
             store.add_to_run(&run("o", "w2", "a", &["s1"])).unwrap();
             store.add_to_run(&run("o", "w", "b", &["s1"])).unwrap();
         }
-        let store = RedbStore::open(&path).unwrap();
+        let store = RedbStore::open(&path).unwrap().tables;
         let ids: Vec<_> = store
             .runs_of("o", "w")
             .unwrap()

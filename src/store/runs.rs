@@ -72,9 +72,10 @@ impl RunRecord {
 }
 
 /// Storage of delivery runs. Every method is one transaction.
+#[async_trait::async_trait]
 pub trait RunStore: Send + Sync + std::fmt::Debug {
     /// The owner's run `run_id` of workload `workload`.
-    fn run(
+    async fn run(
         &self,
         owner: &str,
         workload: &str,
@@ -82,17 +83,17 @@ pub trait RunStore: Send + Sync + std::fmt::Debug {
     ) -> Result<Option<RunRecord>, StoreError>;
 
     /// The owner's runs of `workload`, by run id.
-    fn runs_of(&self, owner: &str, workload: &str) -> Result<Vec<RunRecord>, StoreError>;
+    async fn runs_of(&self, owner: &str, workload: &str) -> Result<Vec<RunRecord>, StoreError>;
 
     /// Registers `run`: creates it, or adds its sandboxes to the stored run
     /// (replacing entries of the same sandbox). A stored run of another
     /// revision is left alone: [`StoreError::Conflict`]. Returns the stored
     /// record.
-    fn add_to_run(&self, run: &RunRecord) -> Result<RunRecord, StoreError>;
+    async fn add_to_run(&self, run: &RunRecord) -> Result<RunRecord, StoreError>;
 
     /// Removes `sandboxes` from the run, and the run once none is left.
     /// Returns what is left (`None`: the run is gone, or never existed).
-    fn remove_from_run(
+    async fn remove_from_run(
         &self,
         owner: &str,
         workload: &str,

@@ -21,7 +21,7 @@ use base64::Engine as _;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::service::{blocking, random_bytes};
+use super::state::{now_ms, random_bytes};
 use super::{names, UploadTicket, WorkloadError, WorkloadService};
 use crate::auth::Owner;
 use crate::bundle::BundleError;
@@ -306,14 +306,13 @@ impl WorkloadService {
         let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes::<18>());
         let (grant, view) = self.inner.new_grant_with_id(&record, id);
         let expires_at = go_time(grant.expires_at_ms);
-        let store = self.inner.store.clone();
-        blocking(move || {
-            // Expired capabilities are swept on each issue, as upstream.
-            store.purge_expired_grants(super::service::now_ms())?;
-            Ok(store.insert_grant(&grant)?)
-        })
-        .await
-        .map_err(ContextError::Workload)?;
+        // Expired capabilities are swept on each issue, as upstream.
+        let store = &self.inner.store;
+        let stored = match store.purge_expired_grants(now_ms()).await {
+            Ok(_) => store.insert_grant(&grant).await,
+            Err(e) => Err(e),
+        };
+        stored.map_err(|e| ContextError::Workload(e.into()))?;
         Ok(CapabilityView {
             upload_url: view.url,
             token: view.token,
@@ -478,9 +477,7 @@ impl WorkloadService {
 
     /// Removes capability `id` for good; a failure only leaves it to expire.
     async fn consume_capability(&self, id: &str) {
-        let store = self.inner.store.clone();
-        let key = id.to_owned();
-        if let Err(e) = blocking(move || Ok(store.remove_grant(&key)?)).await {
+        if let Err(e) = self.inner.store.remove_grant(id).await {
             tracing::warn!(error = %e, "consuming an upload capability failed");
         }
     }

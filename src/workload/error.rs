@@ -99,6 +99,15 @@ impl From<crate::store::ObjectError> for WorkloadError {
     }
 }
 
+impl From<crate::store::BlobError> for WorkloadError {
+    fn from(e: crate::store::BlobError) -> Self {
+        match e {
+            crate::store::BlobError::Object(e) => e.into(),
+            crate::store::BlobError::Disk(e) => e.into(),
+        }
+    }
+}
+
 impl From<StoreError> for WorkloadError {
     fn from(e: StoreError) -> Self {
         match e {

@@ -5,7 +5,8 @@
 use base64::Engine as _;
 use subtle::ConstantTimeEq;
 
-use super::service::{blocking, not_ready, now_ms, random_bytes, sha256_hex, Inner};
+use super::service::not_ready;
+use super::state::{now_ms, random_bytes, sha256_hex, Inner};
 use super::{rfc3339, UploadGrantView, WorkloadError, WorkloadService, BUNDLE_MEDIA_TYPE};
 use crate::store::{GrantRecord, WorkloadRecord, WorkloadStatus};
 
@@ -24,13 +25,9 @@ impl WorkloadService {
         let record = self.inner.visible(owner, name).await?;
         Inner::check_uploadable(&record)?;
         let (grant, view) = self.inner.new_grant(&record);
-        let store = self.inner.store.clone();
-        blocking(move || {
-            // Grants die with expiry anyway; purge old ones while here.
-            store.purge_expired_grants(now_ms())?;
-            Ok(store.insert_grant(&grant)?)
-        })
-        .await?;
+        // Grants die with expiry anyway; purge old ones while here.
+        self.inner.store.purge_expired_grants(now_ms()).await?;
+        self.inner.store.insert_grant(&grant).await?;
         Ok(view)
     }
 
@@ -53,9 +50,10 @@ impl WorkloadService {
     /// Authorises an upload by grant `id` and its secret `token` (before
     /// reading the body). The grant is consumed only by a successful upload.
     pub async fn grant_upload(&self, id: &str, token: &str) -> Result<UploadTicket, WorkloadError> {
-        let store = self.inner.store.clone();
-        let key = id.to_owned();
-        let grant = blocking(move || Ok(store.grant(&key)?))
+        let grant = self
+            .inner
+            .store
+            .grant(id)
             .await?
             .ok_or(WorkloadError::GrantInvalid)?;
         let presented = sha256_hex(token.as_bytes());

@@ -14,7 +14,9 @@
 //! who may upload, [`contexts`] the trusted (Moca) Contexts mapped onto
 //! workloads, `admission` how many uploads run at once, `upload` the
 //! upload path, `recovery` blob collection and
-//! start-up recovery.
+//! start-up recovery, `state` the shared state they all work on. The
+//! storage itself (which database, which blob tiers) is
+//! [`crate::store::Storage`]'s business.
 
 mod admission;
 pub mod contexts;
@@ -24,6 +26,8 @@ mod metrics;
 pub mod names;
 mod recovery;
 mod service;
+mod settings;
+mod state;
 mod upload;
 mod view;
 
@@ -32,10 +36,8 @@ pub use error::WorkloadError;
 pub use grants::UploadTicket;
 pub use metrics::WorkloadMetrics;
 pub use recovery::RecoveryReport;
-pub use service::{
-    CreateWorkload, WorkloadService, WorkloadSettings, DEFAULT_BLOB_GC_GRACE,
-    DEFAULT_BLOB_LOCAL_BYTES, DEFAULT_UPLOAD_TEMP_BYTES,
-};
+pub use service::{CreateWorkload, WorkloadService};
+pub use settings::{WorkloadSettings, DEFAULT_UPLOAD_TEMP_BYTES};
 pub use upload::BodyStream;
 pub use view::{rfc3339, RevisionView, UploadGrantView, WorkloadView, BUNDLE_MEDIA_TYPE};
 

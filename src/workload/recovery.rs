@@ -4,9 +4,9 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use super::service::{blocking, now_ms, Inner};
+use super::state::{blocking, now_ms, Inner};
 use super::WorkloadError;
 use crate::store::{RevisionRecord, StoreError, WorkloadRecord, WorkloadStatus};
 
@@ -27,17 +27,9 @@ pub struct RecoveryReport {
 }
 
 impl Inner {
-    /// Takes the `gc` lock (a poisoned lock guards no data, so it is taken
-    /// anyway).
-    pub(super) fn lock_gc(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.gc
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Digests of the blobs some record names.
-    pub(super) fn named_digests(&self) -> Result<HashSet<String>, WorkloadError> {
-        let records = self.store.all_workloads()?;
+    pub(super) async fn named_digests(&self) -> Result<HashSet<String>, WorkloadError> {
+        let records = self.store.all_workloads().await?;
         Ok(records
             .iter()
             .flat_map(WorkloadRecord::blob_digests)
@@ -45,91 +37,98 @@ impl Inner {
             .collect())
     }
 
-    /// Removes those of `digests` that no record names. Caller holds `gc`.
-    pub(super) fn collect(&self, digests: &[String]) -> Result<usize, WorkloadError> {
-        let named = self.named_digests()?;
-        let mut removed = 0;
-        for d in digests.iter().filter(|d| !named.contains(*d)) {
-            self.cache.evict(d);
-            self.blobs.remove(d)?;
-            removed += 1;
-        }
-        Ok(removed)
+    /// Removes those of `digests` that no record names. Caller holds the
+    /// collection lock.
+    pub(super) async fn collect(&self, digests: &[String]) -> Result<usize, WorkloadError> {
+        let named = self.named_digests().await?;
+        let unnamed: Vec<String> = digests
+            .iter()
+            .filter(|d| !named.contains(*d))
+            .cloned()
+            .collect();
+        let (blobs, cache) = (self.blobs.clone(), self.cache.clone());
+        blocking(move || {
+            for d in &unnamed {
+                cache.evict(d);
+                blobs.remove(d)?;
+            }
+            Ok(unnamed.len())
+        })
+        .await
     }
 
     /// Drops the least recently used disk copies of object storage beyond
-    /// their budget (a no-op without object storage). Caller holds `gc`
-    /// (or is the start-up recovery, before anything is served). A
-    /// failure only leaves the disk fuller: logged, never the request's.
-    pub(super) fn trim_copies(&self) {
-        match self.blobs.trim() {
-            Ok(dropped) if !dropped.is_empty() => {
-                let (budget, bytes) = self.blobs.usage().unwrap_or_default();
-                tracing::debug!(
-                    dropped = dropped.len(),
-                    bytes,
-                    budget,
-                    "dropped local copies of stored bundles beyond the budget"
-                );
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "dropping local copies of stored bundles failed"),
-        }
+    /// their budget (see [`crate::store::Blobs::trim_copies`]). Caller
+    /// holds the collection lock (or is the start-up recovery).
+    pub(super) async fn trim_copies(&self) -> Result<(), WorkloadError> {
+        let blobs = self.blobs.clone();
+        blocking(move || {
+            blobs.trim_copies();
+            Ok(())
+        })
+        .await
     }
 
     /// Removes a `deleting` record and its unnamed blobs; `false` when the
     /// record changed meanwhile.
-    pub(super) fn finish_delete(&self, record: &WorkloadRecord) -> Result<bool, WorkloadError> {
+    pub(super) async fn finish_delete(
+        &self,
+        record: &WorkloadRecord,
+    ) -> Result<bool, WorkloadError> {
         let digests: Vec<String> = record.blob_digests().map(str::to_owned).collect();
         for d in &digests {
             self.cache.evict(d);
         }
-        let _gc = self.lock_gc();
+        let _gc = self.blobs.lock_gc().await;
         match self
             .store
             .remove_workload(&record.owner, &record.name, record.version)
+            .await
         {
             Ok(()) | Err(StoreError::NotFound) => {}
             Err(StoreError::Conflict) => return Ok(false),
             Err(e) => return Err(e.into()),
         }
-        self.collect(&digests)?;
+        self.collect(&digests).await?;
         Ok(true)
     }
 
-    /// Start-up recovery. Blocking; runs before the first request.
-    pub(super) fn recover(&self) -> Result<RecoveryReport, WorkloadError> {
+    /// Start-up recovery; runs before the first request.
+    pub(super) async fn recover(&self) -> Result<RecoveryReport, WorkloadError> {
         let mut report = RecoveryReport::default();
-        for path in self.blobs.remove_temp_files()? {
-            tracing::warn!(path = %path.display(), "removed a temp file left by a crash");
-            report.temp_files_removed += 1;
-        }
-        // Spool files of the bundle engine are unnamed, but clear the dir
-        // in case a crash left anything.
-        if let Ok(entries) = std::fs::read_dir(&self.spool_dir) {
-            for entry in entries.flatten() {
-                if entry.file_type().map(|t| t.is_file()).unwrap_or(false) {
-                    let _ = std::fs::remove_file(entry.path());
-                    report.temp_files_removed += 1;
+        let (blobs, spool_dir) = (self.blobs.clone(), self.spool_dir.clone());
+        report.temp_files_removed = blocking(move || {
+            let mut removed = 0;
+            for path in blobs.local().remove_temp_files()? {
+                tracing::warn!(path = %path.display(), "removed a temp file left by a crash");
+                removed += 1;
+            }
+            // Spool files of the bundle engine are unnamed, but clear the
+            // dir in case a crash left anything.
+            if let Ok(entries) = std::fs::read_dir(&spool_dir) {
+                for entry in entries.flatten() {
+                    if entry.file_type().map(|t| t.is_file()).unwrap_or(false) {
+                        let _ = std::fs::remove_file(entry.path());
+                        removed += 1;
+                    }
                 }
             }
-        }
-        for record in self.store.all_workloads()? {
+            Ok(removed)
+        })
+        .await?;
+        for record in self.store.all_workloads().await? {
             if record.status == WorkloadStatus::Deleting {
-                self.finish_delete(&record)?;
+                self.finish_delete(&record).await?;
                 report.deletes_finished += 1;
                 continue;
             }
             // With object storage a bundle not on local disk is fetched when
-            // used: the local blobs are only a copy.
-            if self.objects.is_some() {
-                continue;
-            }
+            // used: the local blobs are only a copy, and nothing is lost.
             let missing: Vec<&RevisionRecord> = record
                 .candidate
                 .iter()
                 .chain(record.active.iter())
-                .filter(|r| !self.blobs.exists(&r.bundle_digest))
+                .filter(|r| self.blobs.lost(&r.bundle_digest))
                 .collect();
             if missing.is_empty() {
                 continue;
@@ -149,41 +148,41 @@ impl Inner {
             if next
                 .candidate
                 .as_ref()
-                .is_some_and(|c| !self.blobs.exists(&c.bundle_digest))
+                .is_some_and(|c| self.blobs.lost(&c.bundle_digest))
             {
                 next.candidate = None;
             }
             next.failure = Some(reason);
             next.updated_at_ms = now_ms();
-            self.store.replace_workload(&next, None)?;
+            self.store.replace_workload(&next, None).await?;
             report.failed.push(record.name.clone());
         }
-        let named = self.named_digests()?;
-        for digest in self.blobs.digests()? {
-            if !named.contains(&digest) {
-                tracing::warn!(digest = %digest, "removing a bundle no workload names");
-                self.blobs.remove(&digest)?;
-                report.orphan_blobs_removed += 1;
+        let named = self.named_digests().await?;
+        let blobs = self.blobs.clone();
+        report.orphan_blobs_removed = blocking(move || {
+            let mut removed = 0;
+            for digest in blobs.local().digests()? {
+                if !named.contains(&digest) {
+                    tracing::warn!(digest = %digest, "removing a bundle no workload names");
+                    blobs.remove(&digest)?;
+                    removed += 1;
+                }
             }
-        }
-        // A budget of disk copies lowered since the last run applies at once.
-        self.trim_copies();
-        report.grants_purged = self.store.purge_expired_grants(now_ms())?;
+            // A budget of disk copies lowered since the last run applies at
+            // once.
+            blobs.trim_copies();
+            Ok(removed)
+        })
+        .await?;
+        report.grants_purged = self.store.purge_expired_grants(now_ms()).await?;
         Ok(report)
     }
 }
 
-/// How often the object sweep runs: a quarter of the grace period, between
-/// 1 s and 5 min.
-fn sweep_every(grace: Duration) -> Duration {
-    (grace / 4).clamp(Duration::from_secs(1), Duration::from_secs(300))
-}
-
-/// Starts the periodic sweep of object storage ([`Inner::sweep_objects`]);
-/// it ends when the service is dropped.
-pub(super) fn spawn_object_sweeper(inner: &Arc<Inner>) {
+/// Starts the periodic sweep of object storage ([`sweep_objects`]) every
+/// `every`; it ends when the service is dropped.
+pub(super) fn spawn_object_sweeper(inner: &Arc<Inner>, every: Duration) {
     let weak: Weak<Inner> = Arc::downgrade(inner);
-    let every = sweep_every(inner.settings.blob_gc_grace);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -205,37 +204,32 @@ pub(super) fn spawn_object_sweeper(inner: &Arc<Inner>) {
 }
 
 /// Deletes from object storage the objects no workload names that are
-/// older than the grace period (see [`crate::store::ObjectBlobs`]), with
-/// their local copies; returns how many.
+/// older than the grace period (see [`crate::store::Blobs::sweepable`]),
+/// with their local copies; returns how many.
 ///
 /// Younger unnamed objects are kept: another replica may have written one
-/// and not yet named it. Each candidate is checked again under `gc` just
-/// before its delete, and an upload that found an object already there
-/// re-checks it after naming it (and puts it back if a sweep took it).
+/// and not yet named it. Each candidate is checked again under the
+/// collection lock just before its delete, and an upload that found an
+/// object already there re-checks it after naming it (and puts it back if
+/// a sweep took it).
 pub(super) async fn sweep_objects(inner: &Arc<Inner>) -> Result<usize, WorkloadError> {
-    let Some(objects) = inner.objects.clone() else {
-        return Ok(0);
-    };
-    let reader = inner.clone();
-    let named = blocking(move || reader.named_digests()).await?;
-    let grace = inner.settings.blob_gc_grace;
-    let candidates = objects.deletable(&named, grace, SystemTime::now()).await?;
+    let named = inner.named_digests().await?;
+    let candidates = inner.blobs.sweepable(&named).await?;
     let mut removed = 0;
-    for object in candidates {
-        let checker = inner.clone();
-        let digest = object.digest.clone();
-        let unnamed = blocking(move || {
-            let _gc = checker.lock_gc();
-            if checker.named_digests()?.contains(&digest) {
-                return Ok(false);
+    for digest in candidates {
+        let unnamed = {
+            let _gc = inner.blobs.lock_gc().await;
+            if inner.named_digests().await?.contains(&digest) {
+                false
+            } else {
+                inner.cache.evict(&digest);
+                let (blobs, d) = (inner.blobs.clone(), digest.clone());
+                blocking(move || Ok(blobs.remove(&d)?)).await?;
+                true
             }
-            checker.cache.evict(&digest);
-            checker.blobs.remove(&digest)?;
-            Ok(true)
-        })
-        .await?;
+        };
         if unnamed {
-            objects.delete(&object.digest).await?;
+            inner.blobs.delete_shared(&digest).await?;
             removed += 1;
         }
     }

@@ -2,80 +2,20 @@
 //! create, read, list, activate, locate, open and delete.
 
 use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
 
-use rand::RngCore;
-use sha2::{Digest, Sha256};
-
-use super::admission::{UploadGate, UploadLimits};
+use super::admission::UploadGate;
 use super::names;
-use super::{RecoveryReport, WorkloadError, WorkloadMetrics, WorkloadView};
-use crate::bundle::{manifest_of_bundle, Limits, TempBudget, TreeManifest};
+use super::recovery::{self, RecoveryReport};
+use super::settings::WorkloadSettings;
+use super::state::{blocking, now_ms, random_bytes, Inner};
+use super::{WorkloadError, WorkloadMetrics, WorkloadView};
+use crate::bundle::{manifest_of_bundle, TempBudget, TreeManifest};
 use crate::cache::{BundleCache, CachedBundle};
-use crate::fsutil;
 use crate::store::{
-    BlobStore, DatabaseUrl, MetadataStore, ObjectBlobs, OwnerMigration, PostgresStore, RedbStore,
-    RevisionRecord, RunStore, StoreError, WorkloadRecord, WorkloadStatus, SCHEMA_OWNER_KINDS,
+    MetadataStore, OwnerMigration, RevisionRecord, Storage, StoreError, WorkloadRecord,
+    WorkloadStatus, SCHEMA_OWNER_KINDS,
 };
-
-/// Tunables of the workload service.
-#[derive(Debug, Clone)]
-pub struct WorkloadSettings {
-    /// Most workloads per owner.
-    pub quota: usize,
-    /// Lifetime of an upload grant.
-    pub grant_ttl: Duration,
-    /// Bundle limits.
-    pub limits: Limits,
-    /// How many uploads run at once.
-    pub uploads: UploadLimits,
-    /// Temporary disk all running uploads may hold together, in bytes.
-    pub upload_temp_bytes: u64,
-    /// Deflate threads of an upload's canonical gzip (`0`: one per core).
-    pub deflate_threads: usize,
-    /// Object storage holding the bundle bytes (`s3://bucket/prefix`); the
-    /// local blobs are then this replica's copy of it. `None`: local blobs
-    /// only.
-    pub blob_url: Option<String>,
-    /// How old an object no workload names must be before it is deleted
-    /// from object storage (another replica may be about to name it).
-    pub blob_gc_grace: Duration,
-    /// With `blob_url`: about how many bytes this replica's disk copies may
-    /// take; the least recently used are dropped beyond it (and fetched
-    /// again when needed).
-    pub blob_local_max_bytes: u64,
-    /// Metadata on this PostgreSQL database; `None`: the embedded store
-    /// under the data dir.
-    pub database_url: Option<DatabaseUrl>,
-}
-
-/// Default of [`WorkloadSettings::blob_gc_grace`]: 15 minutes.
-pub const DEFAULT_BLOB_GC_GRACE: Duration = Duration::from_secs(15 * 60);
-
-/// Default of [`WorkloadSettings::blob_local_max_bytes`]: 8 GiB.
-pub const DEFAULT_BLOB_LOCAL_BYTES: u64 = 8 << 30;
-
-/// Default of [`WorkloadSettings::upload_temp_bytes`]: 4 GiB.
-pub const DEFAULT_UPLOAD_TEMP_BYTES: u64 = 4 << 30;
-
-impl Default for WorkloadSettings {
-    fn default() -> Self {
-        Self {
-            quota: 20,
-            grant_ttl: Duration::from_secs(300),
-            limits: Limits::default(),
-            uploads: UploadLimits::default(),
-            upload_temp_bytes: DEFAULT_UPLOAD_TEMP_BYTES,
-            deflate_threads: 0,
-            blob_url: None,
-            blob_gc_grace: DEFAULT_BLOB_GC_GRACE,
-            blob_local_max_bytes: DEFAULT_BLOB_LOCAL_BYTES,
-            database_url: None,
-        }
-    }
-}
 
 /// A create request, already parsed.
 #[derive(Debug, Clone, Default)]
@@ -92,155 +32,36 @@ pub struct WorkloadService {
     pub(super) inner: Arc<Inner>,
 }
 
-/// The shared state behind every clone; the other files of `workload` add
-/// their methods to it.
-#[derive(Debug)]
-pub(super) struct Inner {
-    pub(super) store: Arc<dyn MetadataStore>,
-    /// The delivery run registry, in the same database.
-    pub(super) runs: Arc<dyn RunStore>,
-    pub(super) blobs: BlobStore,
-    /// The object storage that holds every bundle, when configured; `blobs`
-    /// is then this replica's disk copy of the bundles it has used.
-    pub(super) objects: Option<ObjectBlobs>,
-    pub(super) cache: Arc<BundleCache>,
-    pub(super) settings: WorkloadSettings,
-    pub(super) spool_dir: PathBuf,
-    pub(super) metrics: WorkloadMetrics,
-    /// Admits uploads.
-    pub(super) uploads: Arc<UploadGate>,
-    /// Temporary disk of running uploads.
-    pub(super) temp_budget: TempBudget,
-    /// Held while a blob is made durable and named, and while unnamed blobs
-    /// are collected.
-    pub(super) gc: Mutex<()>,
-}
-
-/// Milliseconds since the epoch (0 before it).
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
-
-/// `N` bytes from the thread's CSPRNG.
-pub(super) fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut b = [0u8; N];
-    rand::rng().fill_bytes(&mut b);
-    b
-}
-
-/// sha256 of `data` as 64 lowercase hex digits.
-pub(super) fn sha256_hex(data: &[u8]) -> String {
-    hex::encode(Sha256::digest(data))
-}
-
-/// Runs store and disk work on tokio's blocking pool.
-pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, WorkloadError> + Send + 'static,
-) -> Result<T, WorkloadError> {
-    // In the caller's span, so its log lines name the request.
-    let span = tracing::Span::current();
-    tokio::task::spawn_blocking(move || span.in_scope(f))
-        .await
-        .map_err(|e| WorkloadError::Internal(format!("blocking task failed: {e}")))?
-}
-
 impl WorkloadService {
-    /// Opens the store — metadata in `data_dir/store/meta.redb`, or on
-    /// PostgreSQL when [`WorkloadSettings::database_url`] is set; bundles in
-    /// `data_dir/blobs` (this replica's copy of object storage when
-    /// [`WorkloadSettings::blob_url`] is set), spool in `data_dir/tmp` — and runs start-up
-    /// recovery before anything is served.
+    /// The service over `storage` (see [`Storage::open`]), after start-up
+    /// recovery, which runs before anything is served.
     pub async fn open(
-        data_dir: &Path,
+        storage: Storage,
         settings: WorkloadSettings,
         cache: Arc<BundleCache>,
     ) -> Result<(Self, RecoveryReport), WorkloadError> {
-        let data_dir = data_dir.to_owned();
-        let objects = match &settings.blob_url {
-            Some(url) => Some(
-                ObjectBlobs::from_url(url)
-                    .map_err(|e| WorkloadError::Internal(format!("--blob-url/CS_BLOB_URL: {e}")))?,
-            ),
-            None => None,
-        };
-        let copies_only = objects.is_some();
-        let (service, report) = blocking(move || {
-            let (store, runs): (Arc<dyn MetadataStore>, Arc<dyn RunStore>) =
-                match &settings.database_url {
-                    Some(url) => {
-                        // On a blocking thread: connecting and migrating
-                        // block on the store's own runtime.
-                        let store = Arc::new(PostgresStore::connect(url)?);
-                        (store.clone(), store)
-                    }
-                    None => {
-                        let store_dir = data_dir.join("store");
-                        fsutil::ensure_dir(&store_dir, 0o700)?;
-                        let store = Arc::new(RedbStore::open(&store_dir.join("meta.redb"))?);
-                        (store.clone(), store)
-                    }
-                };
-            let blobs_dir = data_dir.join("blobs");
-            let blobs = if copies_only {
-                BlobStore::open_bounded(&blobs_dir, settings.blob_local_max_bytes)?
-            } else {
-                BlobStore::open(&blobs_dir)?
-            };
-            let spool_dir = data_dir.join("tmp");
-            fsutil::ensure_dir(&spool_dir, 0o700)?;
-            let metrics = WorkloadMetrics::default();
-            let service = Self {
-                inner: Arc::new(Inner {
-                    store,
-                    runs,
-                    blobs,
-                    objects,
-                    cache,
-                    uploads: Arc::new(UploadGate::new(settings.uploads, metrics.uploads_running())),
-                    temp_budget: TempBudget::new(settings.upload_temp_bytes),
-                    settings,
-                    spool_dir,
-                    metrics,
-                    gc: Mutex::new(()),
-                }),
-            };
-            let report = service.inner.recover()?;
-            Ok((service, report))
-        })
-        .await?;
-        if service.inner.objects.is_some() {
-            super::recovery::spawn_object_sweeper(&service.inner);
+        let metrics = WorkloadMetrics::default();
+        let inner = Arc::new(Inner {
+            store: storage.metadata().clone(),
+            blobs: storage.blobs().clone(),
+            cache,
+            uploads: Arc::new(UploadGate::new(settings.uploads, metrics.uploads_running())),
+            temp_budget: TempBudget::new(settings.upload_temp_bytes),
+            settings,
+            spool_dir: storage.spool_dir().to_owned(),
+            metrics,
+        });
+        let report = inner.recover().await?;
+        if let Some(every) = inner.blobs.sweep_every() {
+            recovery::spawn_object_sweeper(&inner, every);
         }
-        Ok((service, report))
+        Ok((Self { inner }, report))
     }
 
-    /// Makes sure the bundle `digest` of `size` bytes is on local disk:
-    /// with object storage, a blob not on disk is fetched, verified (size
-    /// and sha256) and persisted first. Without it, a no-op.
+    /// Makes sure the bundle `digest` of `size` bytes is on local disk
+    /// (see [`crate::store::Blobs::ensure_local`]).
     pub(super) async fn ensure_local(&self, digest: &str, size: u64) -> Result<(), WorkloadError> {
-        let Some(objects) = &self.inner.objects else {
-            return Ok(());
-        };
-        if self.inner.blobs.exists(digest) {
-            self.inner.blobs.touch(digest);
-            return Ok(());
-        }
-        let temp = self.inner.blobs.temp()?;
-        objects.fetch_into(digest, size, temp.writer()?).await?;
-        let inner = self.inner.clone();
-        let digest = digest.to_owned();
-        blocking(move || {
-            // Under `gc`, like an upload's persist: a concurrent collection
-            // never sees a half-made blob.
-            let _gc = inner.lock_gc();
-            inner.blobs.persist(temp, &digest)?;
-            inner.trim_copies();
-            Ok(())
-        })
-        .await
+        Ok(self.inner.blobs.ensure_local(digest, size).await?)
     }
 
     /// Brings stored owners to the current schema (see
@@ -251,8 +72,11 @@ impl WorkloadService {
         &self,
         legacy: fn(&str) -> String,
     ) -> Result<Option<OwnerMigration>, WorkloadError> {
-        let store = self.inner.store.clone();
-        blocking(move || Ok(store.migrate_owners(SCHEMA_OWNER_KINDS, &legacy)?)).await
+        Ok(self
+            .inner
+            .store
+            .migrate_owners(SCHEMA_OWNER_KINDS, legacy)
+            .await?)
     }
 
     /// The settings in force.
@@ -263,12 +87,6 @@ impl WorkloadService {
     /// The service's metrics (register them on the process registry).
     pub fn metrics(&self) -> &WorkloadMetrics {
         &self.inner.metrics
-    }
-
-    /// The delivery run registry, kept in the workload database (one file,
-    /// one writer) for the delivery service.
-    pub fn run_store(&self) -> Arc<dyn RunStore> {
-        self.inner.runs.clone()
     }
 
     /// A weak handle on the metadata store: when no strong one is left the
@@ -320,17 +138,17 @@ impl WorkloadService {
         };
         let (grant, grant_view) = self.inner.new_grant(&record);
         let quota = self.inner.settings.quota;
-        let store = self.inner.store.clone();
-        let stored = record.clone();
-        blocking(
-            move || match store.insert_workload(&stored, &grant, quota) {
-                Ok(()) => Ok(()),
-                Err(StoreError::NameTaken) => Err(WorkloadError::NameTaken(stored.name.clone())),
-                Err(StoreError::QuotaExceeded(q)) => Err(WorkloadError::QuotaExceeded(q)),
-                Err(e) => Err(e.into()),
-            },
-        )
-        .await?;
+        match self
+            .inner
+            .store
+            .insert_workload(&record, &grant, quota)
+            .await
+        {
+            Ok(()) => {}
+            Err(StoreError::NameTaken) => return Err(WorkloadError::NameTaken(record.name)),
+            Err(StoreError::QuotaExceeded(q)) => return Err(WorkloadError::QuotaExceeded(q)),
+            Err(e) => return Err(e.into()),
+        }
         let mut view = WorkloadView::of(&record);
         view.upload = Some(grant_view);
         Ok(view)
@@ -343,9 +161,7 @@ impl WorkloadService {
 
     /// The owner's workloads, by name.
     pub async fn list(&self, owner: &str) -> Result<Vec<WorkloadView>, WorkloadError> {
-        let store = self.inner.store.clone();
-        let owner = owner.to_owned();
-        let records = blocking(move || Ok(store.workloads_of(&owner)?)).await?;
+        let records = self.inner.store.workloads_of(owner).await?;
         Ok(records
             .iter()
             .filter(|r| r.status != WorkloadStatus::Deleting)
@@ -409,18 +225,12 @@ impl WorkloadService {
             record.active = Some(candidate);
             record.status = WorkloadStatus::Ready;
             record.updated_at_ms = now_ms();
-            let store = self.inner.store.clone();
-            match blocking(move || match store.replace_workload(&record, None) {
-                Ok(r) => Ok(Some(r)),
-                Err(StoreError::Conflict) => Ok(None),
-                Err(StoreError::NotFound) => Err(WorkloadError::NotFound(record.name.clone())),
-                Err(e) => Err(e.into()),
-            })
-            .await?
-            {
-                Some(stored) => return Ok(WorkloadView::of(&stored)),
+            match self.inner.store.replace_workload(&record, None).await {
+                Ok(stored) => return Ok(WorkloadView::of(&stored)),
                 // Lost a race with an upload or another activation: re-read.
-                None => continue,
+                Err(StoreError::Conflict) => continue,
+                Err(StoreError::NotFound) => return Err(WorkloadError::NotFound(record.name)),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -463,13 +273,8 @@ impl WorkloadService {
         if let Some(active) = record.active.as_mut() {
             if active.bundle_digest == revision.bundle_digest && active.tree.is_none() {
                 active.tree = Some(tree.clone());
-                let store = self.inner.store.clone();
                 // Best effort: a lost race only means computing it again.
-                let _ = blocking(move || match store.replace_workload(&record, None) {
-                    Ok(_) | Err(StoreError::Conflict | StoreError::NotFound) => Ok(()),
-                    Err(e) => Err(e.into()),
-                })
-                .await;
+                let _ = self.inner.store.replace_workload(&record, None).await;
             }
         }
         Ok(tree)
@@ -510,11 +315,10 @@ impl WorkloadService {
             .cache
             .get(&revision.bundle_digest, revision.bytes, &path)
             .await;
-        if matches!(&opened, Err(e) if e.kind() == io::ErrorKind::NotFound)
-            && self.inner.objects.is_some()
-        {
-            // The disk copy was dropped for the budget between the check
-            // and the open: fetch it again, once.
+        if matches!(&opened, Err(e) if e.kind() == io::ErrorKind::NotFound) {
+            // A disk copy of object storage dropped for the budget between
+            // the check and the open: fetch it again, once. (Without object
+            // storage the fetch is a no-op and the open fails again.)
             self.ensure_local(&revision.bundle_digest, revision.bytes)
                 .await?;
             opened = self
@@ -544,9 +348,7 @@ impl WorkloadService {
     /// cached bytes, removes the record and its unshared blobs. A retry (or
     /// the next start) finishes an interrupted delete.
     pub async fn delete(&self, owner: &str, name: &str) -> Result<(), WorkloadError> {
-        let inner = self.inner.clone();
-        let (owner, name) = (owner.to_owned(), name.to_owned());
-        blocking(move || inner.delete(&owner, &name)).await?;
+        self.inner.delete(owner, name).await?;
         self.inner.metrics.cache(self.inner.cache.stats());
         Ok(())
     }
@@ -576,29 +378,28 @@ impl Inner {
             // An invalid name can never exist: answer like a missing one.
             return Err(WorkloadError::NotFound(name.to_owned()));
         }
-        let store = self.store.clone();
-        let (o, n) = (owner.to_owned(), name.to_owned());
-        let found = blocking(move || Ok(store.workload(&o, &n)?)).await?;
+        let found = self.store.workload(owner, name).await?;
         match found {
             Some(r) if r.status != WorkloadStatus::Deleting => Ok(r),
             _ => Err(WorkloadError::NotFound(name.to_owned())),
         }
     }
 
-    /// Marks the record `deleting`, then finishes the delete. Blocking.
-    fn delete(&self, owner: &str, name: &str) -> Result<(), WorkloadError> {
+    /// Marks the record `deleting`, then finishes the delete.
+    async fn delete(&self, owner: &str, name: &str) -> Result<(), WorkloadError> {
         if !names::is_valid_name(name) {
             return Err(WorkloadError::NotFound(name.to_owned()));
         }
         loop {
             let mut record = self
                 .store
-                .workload(owner, name)?
+                .workload(owner, name)
+                .await?
                 .ok_or_else(|| WorkloadError::NotFound(name.to_owned()))?;
             if record.status != WorkloadStatus::Deleting {
                 record.status = WorkloadStatus::Deleting;
                 record.updated_at_ms = now_ms();
-                record = match self.store.replace_workload(&record, None) {
+                record = match self.store.replace_workload(&record, None).await {
                     Ok(r) => r,
                     Err(StoreError::Conflict) => continue,
                     Err(StoreError::NotFound) => {
@@ -607,7 +408,7 @@ impl Inner {
                     Err(e) => return Err(e.into()),
                 };
             }
-            if self.finish_delete(&record)? {
+            if self.finish_delete(&record).await? {
                 return Ok(());
             }
             // The record changed under us (a concurrent retry): re-read.

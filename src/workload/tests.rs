@@ -9,7 +9,18 @@ use flate2::write::GzEncoder;
 
 use super::*;
 use crate::cache::BundleCache;
-use crate::store::BlobStore;
+use crate::store::{BlobStore, Storage, StorageSettings};
+
+/// The service over the default storage under `dir`.
+async fn open(
+    dir: &std::path::Path,
+    cache: Arc<BundleCache>,
+) -> Result<(WorkloadService, RecoveryReport), WorkloadError> {
+    let storage = Storage::open(dir, &StorageSettings::default())
+        .await
+        .unwrap();
+    WorkloadService::open(storage, WorkloadSettings::default(), cache).await
+}
 
 fn tgz(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut builder = tar::Builder::new(GzEncoder::new(Vec::new(), flate2::Compression::fast()));
@@ -41,10 +52,7 @@ fn body(bytes: Vec<u8>) -> BodyStream {
 async fn downloads_fill_the_cache_and_delete_evicts() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Arc::new(BundleCache::new(1 << 20));
-    let (svc, report) =
-        WorkloadService::open(dir.path(), WorkloadSettings::default(), cache.clone())
-            .await
-            .unwrap();
+    let (svc, report) = open(dir.path(), cache.clone()).await.unwrap();
     assert_eq!(report, RecoveryReport::default());
     svc.create(
         "o",
@@ -82,9 +90,7 @@ async fn downloads_fill_the_cache_and_delete_evicts() {
 async fn identical_bundles_share_one_blob_until_the_last_owner_deletes() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Arc::new(BundleCache::new(1 << 20));
-    let (svc, _) = WorkloadService::open(dir.path(), WorkloadSettings::default(), cache)
-        .await
-        .unwrap();
+    let (svc, _) = open(dir.path(), cache).await.unwrap();
     let files: &[(&str, &[u8])] = &[("same", b"bytes")];
     let mut digest = String::new();
     for owner in ["a", "b"] {

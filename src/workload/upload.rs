@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tokio_util::io::SyncIoBridge;
 
-use super::service::{blocking, now_ms, Inner};
+use super::state::{blocking, now_ms, Inner};
 use super::{RevisionView, UploadTicket, WorkloadError, WorkloadService};
 use crate::bundle::{self, BundleError, CanonicalOptions};
 use crate::store::{RevisionRecord, StoreError, WorkloadStatus};
@@ -104,34 +104,19 @@ impl WorkloadService {
         // With object storage the bundle is stored there (verified) before
         // anything names it; a failure leaves no trace (the temp blob is
         // dropped) and the grant usable.
-        if let Some(objects) = &self.inner.objects {
-            objects
-                .put_file(temp.path(), &revision.bundle_digest, revision.bytes)
-                .await?;
-        }
-        let inner = self.inner.clone();
-        let stored = revision.clone();
-        blocking(move || inner.commit_upload(&ticket, temp, stored)).await?;
-        if let Some(objects) = &self.inner.objects {
-            // An object that was already there may have been swept by another
-            // replica between our check and our commit (it was old and
-            // unnamed): now that the metadata names it, put it back.
-            // The upload is committed either way: a failure here is logged.
-            let digest = &revision.bundle_digest;
-            let restored = match objects.size(digest).await {
-                Ok(Some(n)) if n == revision.bytes => Ok(()),
-                Ok(_) => match self.inner.blobs.path(digest) {
-                    Ok(path) => objects
-                        .put_file(&path, digest, revision.bytes)
-                        .await
-                        .map(|_| ()),
-                    Err(e) => Err(e.into()),
-                },
-                Err(e) => Err(e),
-            };
-            if let Err(e) = restored {
-                tracing::warn!(digest = %digest, error = %e, "could not re-check the stored bundle after its upload");
-            }
+        self.inner
+            .blobs
+            .share(&temp, &revision.bundle_digest, revision.bytes)
+            .await?;
+        self.inner
+            .commit_upload(&ticket, temp, revision.clone())
+            .await?;
+        // Now that the metadata names it, an object another replica swept
+        // meanwhile is put back. The upload is committed either way: a
+        // failure here is logged.
+        let digest = &revision.bundle_digest;
+        if let Err(e) = self.inner.blobs.reshare(digest, revision.bytes).await {
+            tracing::warn!(digest = %digest, error = %e, "could not re-check the stored bundle after its upload");
         }
         // One upload per grant until the commit is done.
         drop(permit);
@@ -161,17 +146,18 @@ fn classify_bundle_error(e: BundleError) -> WorkloadError {
 
 impl Inner {
     /// Makes the blob durable, then names it in the record (consuming the
-    /// grant) in one transaction. Blocking.
-    fn commit_upload(
+    /// grant) in one transaction.
+    async fn commit_upload(
         &self,
         ticket: &UploadTicket,
         temp: crate::store::TempBlob,
         revision: RevisionRecord,
     ) -> Result<(), WorkloadError> {
-        let _gc = self.lock_gc();
-        self.blobs.persist(temp, &revision.bundle_digest)?;
+        let _gc = self.blobs.lock_gc().await;
+        let (blobs, digest) = (self.blobs.clone(), revision.bundle_digest.clone());
+        blocking(move || Ok(blobs.persist(temp, &digest).map(drop)?)).await?;
         let outcome = loop {
-            let record = match self.store.workload(&ticket.owner, &ticket.name)? {
+            let record = match self.store.workload(&ticket.owner, &ticket.name).await? {
                 Some(r) if r.uid == ticket.uid && r.status != WorkloadStatus::Deleting => r,
                 _ => break Err(WorkloadError::NotFound(ticket.name.clone())),
             };
@@ -187,6 +173,7 @@ impl Inner {
             match self
                 .store
                 .replace_workload(&next, ticket.grant_id.as_deref())
+                .await
             {
                 Ok(_) => break Ok(replaced),
                 Err(StoreError::Conflict) => continue,
@@ -200,8 +187,8 @@ impl Inner {
         if let Ok(Some(old)) = &outcome {
             maybe_unused.push(old.clone());
         }
-        self.collect(&maybe_unused)?;
-        self.trim_copies();
+        self.collect(&maybe_unused).await?;
+        self.trim_copies().await?;
         outcome.map(|_| ())
     }
 }

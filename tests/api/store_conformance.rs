@@ -4,7 +4,10 @@
 //! backend allows it — two PostgreSQL pools are two replicas; redb is one
 //! file with one writer, so its "replica" is the same instance.
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
+
+use futures::future::join_all;
+use tokio::sync::Barrier;
 
 use context_service::store::{
     GrantRecord, MetadataStore, OwnerMigration, PostgresStore, RedbStore, RevisionRecord,
@@ -15,7 +18,8 @@ use context_service::store::{
 use crate::common::postgres::Cluster;
 
 /// A store under test.
-trait Fixture {
+#[async_trait::async_trait]
+trait Fixture: Send {
     /// The store.
     fn store(&self) -> Arc<dyn MetadataStore>;
     /// Its run registry.
@@ -23,7 +27,7 @@ trait Fixture {
     /// Another instance on the same records (another replica).
     fn replica(&self) -> Arc<dyn MetadataStore>;
     /// Makes the records look like schema version 1 (no version recorded).
-    fn pretend_schema_v1(&mut self);
+    async fn pretend_schema_v1(&mut self);
 }
 
 struct Redb {
@@ -39,6 +43,7 @@ impl Redb {
     }
 }
 
+#[async_trait::async_trait]
 impl Fixture for Redb {
     fn store(&self) -> Arc<dyn MetadataStore> {
         self.store.clone()
@@ -49,7 +54,7 @@ impl Fixture for Redb {
     fn replica(&self) -> Arc<dyn MetadataStore> {
         self.store.clone()
     }
-    fn pretend_schema_v1(&mut self) {
+    async fn pretend_schema_v1(&mut self) {
         let path = self.dir.path().join("m.redb");
         // Close the store (the only handle) to open the file directly.
         let placeholder = tempfile::tempdir().unwrap();
@@ -65,7 +70,7 @@ impl Fixture for Redb {
             txn.commit().unwrap();
         }
         self.store = Arc::new(RedbStore::open(&path).unwrap());
-        assert_eq!(self.store.schema_version().unwrap(), 1);
+        assert_eq!(self.store.schema_version().await.unwrap(), 1);
     }
 }
 
@@ -76,15 +81,16 @@ struct Postgres {
 }
 
 impl Postgres {
-    fn new() -> Self {
+    async fn new() -> Self {
         let url = Cluster::shared().create_database();
-        let store = Arc::new(PostgresStore::connect(&url).unwrap());
-        let replica = Arc::new(PostgresStore::connect(&url).unwrap());
+        let store = Arc::new(PostgresStore::connect(&url).await.unwrap());
+        let replica = Arc::new(PostgresStore::connect(&url).await.unwrap());
         let db = url.expose().rsplit('/').next().unwrap().to_owned();
         Self { db, store, replica }
     }
 }
 
+#[async_trait::async_trait]
 impl Fixture for Postgres {
     fn store(&self) -> Arc<dyn MetadataStore> {
         self.store.clone()
@@ -95,9 +101,9 @@ impl Fixture for Postgres {
     fn replica(&self) -> Arc<dyn MetadataStore> {
         self.replica.clone()
     }
-    fn pretend_schema_v1(&mut self) {
+    async fn pretend_schema_v1(&mut self) {
         Cluster::shared().psql(&self.db, "DELETE FROM cs_meta WHERE key = 'schema_version'");
-        assert_eq!(self.store.schema_version().unwrap(), 1);
+        assert_eq!(self.store.schema_version().await.unwrap(), 1);
     }
 }
 
@@ -142,22 +148,24 @@ fn revision(n: usize) -> RevisionRecord {
     }
 }
 
-fn names(store: &dyn MetadataStore, owner: &str) -> Vec<String> {
+async fn names(store: &dyn MetadataStore, owner: &str) -> Vec<String> {
     store
         .workloads_of(owner)
+        .await
         .unwrap()
         .into_iter()
         .map(|r| format!("{}:{}", r.owner, r.name))
         .collect()
 }
 
-fn insert_name_taken_and_quota(f: &mut dyn Fixture) {
+async fn insert_name_taken_and_quota(f: &mut dyn Fixture) {
     let store = f.store();
     let r1 = record("o", "one");
     store
         .insert_workload(&r1, &grant("g1", &r1, 10), 2)
+        .await
         .unwrap();
-    let stored = store.workload("o", "one").unwrap().unwrap();
+    let stored = store.workload("o", "one").await.unwrap().unwrap();
     assert_eq!(stored.version, 1, "the store sets the first version");
     assert_eq!(
         stored,
@@ -166,22 +174,23 @@ fn insert_name_taken_and_quota(f: &mut dyn Fixture) {
             ..r1.clone()
         }
     );
-    assert_eq!(store.grant("g1").unwrap(), Some(grant("g1", &r1, 10)));
+    assert_eq!(store.grant("g1").await.unwrap(), Some(grant("g1", &r1, 10)));
     assert!(matches!(
-        store.insert_workload(&r1, &grant("g1b", &r1, 10), 2),
+        store.insert_workload(&r1, &grant("g1b", &r1, 10), 2).await,
         Err(StoreError::NameTaken)
     ));
     assert!(
-        store.grant("g1b").unwrap().is_none(),
+        store.grant("g1b").await.unwrap().is_none(),
         "a refused insert stores no grant"
     );
     let r2 = record("o", "two");
     store
         .insert_workload(&r2, &grant("g2", &r2, 10), 2)
+        .await
         .unwrap();
     let r3 = record("o", "three");
     assert!(matches!(
-        store.insert_workload(&r3, &grant("g3", &r3, 10), 2),
+        store.insert_workload(&r3, &grant("g3", &r3, 10), 2).await,
         Err(StoreError::QuotaExceeded(2))
     ));
     // The quota is per owner; names sort by bytes; owners never see each
@@ -190,16 +199,17 @@ fn insert_name_taken_and_quota(f: &mut dyn Fixture) {
         let r = record(owner, name);
         store
             .insert_workload(&r, &grant(&format!("g-{owner}-{name}"), &r, 10), 2)
+            .await
             .unwrap();
     }
-    assert_eq!(names(&*store, "o"), ["o:one", "o:two"]);
-    assert_eq!(names(&*store, "a"), ["a:x"]);
-    assert_eq!(names(&*store, "a/b"), ["a/b:x"]);
-    assert_eq!(store.all_workloads().unwrap().len(), 6);
-    assert!(store.workload("a", "y").unwrap().is_none());
+    assert_eq!(names(&*store, "o").await, ["o:one", "o:two"]);
+    assert_eq!(names(&*store, "a").await, ["a:x"]);
+    assert_eq!(names(&*store, "a/b").await, ["a/b:x"]);
+    assert_eq!(store.all_workloads().await.unwrap().len(), 6);
+    assert!(store.workload("a", "y").await.unwrap().is_none());
 }
 
-fn quota_holds_across_replicas(f: &mut dyn Fixture) {
+async fn quota_holds_across_replicas(f: &mut dyn Fixture) {
     let (a, b) = (f.store(), f.replica());
     let threads = 8;
     let barrier = Arc::new(Barrier::new(threads));
@@ -207,52 +217,64 @@ fn quota_holds_across_replicas(f: &mut dyn Fixture) {
         .map(|i| {
             let store = if i % 2 == 0 { a.clone() } else { b.clone() };
             let barrier = barrier.clone();
-            std::thread::spawn(move || {
+            tokio::spawn(async move {
                 let r = record("racer", &format!("w{i}"));
-                barrier.wait();
-                store.insert_workload(&r, &grant(&format!("g{i}"), &r, 10), 3)
+                barrier.wait().await;
+                store
+                    .insert_workload(&r, &grant(&format!("g{i}"), &r, 10), 3)
+                    .await
             })
         })
         .collect();
-    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let results: Vec<_> = join_all(handles)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     let won = results.iter().filter(|r| r.is_ok()).count();
     assert_eq!(won, 3, "{results:?}");
     assert!(results
         .iter()
         .all(|r| matches!(r, Ok(()) | Err(StoreError::QuotaExceeded(3)))));
-    assert_eq!(a.workloads_of("racer").unwrap().len(), 3);
+    assert_eq!(a.workloads_of("racer").await.unwrap().len(), 3);
 }
 
-fn replace_is_compare_and_swap(f: &mut dyn Fixture) {
+async fn replace_is_compare_and_swap(f: &mut dyn Fixture) {
     let store = f.store();
     let r = record("o", "w");
-    store.insert_workload(&r, &grant("g", &r, 10), 20).unwrap();
-    let current = store.workload("o", "w").unwrap().unwrap();
+    store
+        .insert_workload(&r, &grant("g", &r, 10), 20)
+        .await
+        .unwrap();
+    let current = store.workload("o", "w").await.unwrap().unwrap();
     let mut next = current.clone();
     next.candidate = Some(revision(1));
-    let stored = store.replace_workload(&next, Some("g")).unwrap();
+    let stored = store.replace_workload(&next, Some("g")).await.unwrap();
     assert_eq!(stored.version, 2);
-    assert_eq!(store.workload("o", "w").unwrap().unwrap(), stored);
-    assert!(store.grant("g").unwrap().is_none(), "the grant is consumed");
+    assert_eq!(store.workload("o", "w").await.unwrap().unwrap(), stored);
+    assert!(
+        store.grant("g").await.unwrap().is_none(),
+        "the grant is consumed"
+    );
     // A stale version, another incarnation, a used grant, a missing
     // record: each refused, nothing changed.
     assert!(matches!(
-        store.replace_workload(&current, None),
+        store.replace_workload(&current, None).await,
         Err(StoreError::Conflict)
     ));
     let mut other_uid = stored.clone();
     other_uid.uid = "another".into();
     assert!(matches!(
-        store.replace_workload(&other_uid, None),
+        store.replace_workload(&other_uid, None).await,
         Err(StoreError::Conflict)
     ));
     assert!(matches!(
-        store.replace_workload(&stored, Some("g")),
+        store.replace_workload(&stored, Some("g")).await,
         Err(StoreError::GrantUsed)
     ));
-    assert_eq!(store.workload("o", "w").unwrap().unwrap().version, 2);
+    assert_eq!(store.workload("o", "w").await.unwrap().unwrap().version, 2);
     assert!(matches!(
-        store.replace_workload(&record("o", "nope"), None),
+        store.replace_workload(&record("o", "nope"), None).await,
         Err(StoreError::NotFound)
     ));
 }
@@ -260,7 +282,7 @@ fn replace_is_compare_and_swap(f: &mut dyn Fixture) {
 /// N threads on two instances race to consume one grant; each retries on
 /// a lost compare-and-swap. Exactly one upload wins, every other one finds
 /// the grant used.
-fn grant_is_consumed_exactly_once_across_replicas(f: &mut dyn Fixture) {
+async fn grant_is_consumed_exactly_once_across_replicas(f: &mut dyn Fixture) {
     let (a, b) = (f.store(), f.replica());
     let threads = 8;
     for round in 0..5 {
@@ -268,18 +290,19 @@ fn grant_is_consumed_exactly_once_across_replicas(f: &mut dyn Fixture) {
         let r = record("o", &name);
         let grant_id = format!("g{round}");
         a.insert_workload(&r, &grant(&grant_id, &r, 10), 20)
+            .await
             .unwrap();
         let barrier = Arc::new(Barrier::new(threads));
         let handles: Vec<_> = (0..threads)
             .map(|i| {
                 let store = if i % 2 == 0 { a.clone() } else { b.clone() };
                 let (barrier, name, grant_id) = (barrier.clone(), name.clone(), grant_id.clone());
-                std::thread::spawn(move || {
-                    barrier.wait();
+                tokio::spawn(async move {
+                    barrier.wait().await;
                     loop {
-                        let mut next = store.workload("o", &name).unwrap().unwrap();
+                        let mut next = store.workload("o", &name).await.unwrap().unwrap();
                         next.candidate = Some(revision(i));
-                        match store.replace_workload(&next, Some(&grant_id)) {
+                        match store.replace_workload(&next, Some(&grant_id)).await {
                             Ok(_) => return Some(i),
                             Err(StoreError::Conflict) => continue,
                             Err(StoreError::GrantUsed) => return None,
@@ -289,38 +312,41 @@ fn grant_is_consumed_exactly_once_across_replicas(f: &mut dyn Fixture) {
                 })
             })
             .collect();
-        let winners: Vec<usize> = handles
+        let winners: Vec<usize> = join_all(handles)
+            .await
             .into_iter()
-            .filter_map(|h| h.join().unwrap())
+            .filter_map(Result::unwrap)
             .collect();
         assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
-        let stored = b.workload("o", &name).unwrap().unwrap();
+        let stored = b.workload("o", &name).await.unwrap().unwrap();
         assert_eq!(stored.version, 2, "exactly one write");
         assert_eq!(stored.candidate, Some(revision(winners[0])));
-        assert!(a.grant(&grant_id).unwrap().is_none());
+        assert!(a.grant(&grant_id).await.unwrap().is_none());
     }
 }
 
 /// Threads on two instances each read, change and write back one record
 /// many times: every write that succeeded is counted in the version, so no
 /// update was lost to a concurrent one.
-fn no_update_is_lost_across_replicas(f: &mut dyn Fixture) {
+async fn no_update_is_lost_across_replicas(f: &mut dyn Fixture) {
     let (a, b) = (f.store(), f.replica());
     let r = record("o", "counter");
-    a.insert_workload(&r, &grant("g", &r, 10), 20).unwrap();
+    a.insert_workload(&r, &grant("g", &r, 10), 20)
+        .await
+        .unwrap();
     let threads = 6;
     let barrier = Arc::new(Barrier::new(threads));
     let handles: Vec<_> = (0..threads)
         .map(|i| {
             let store = if i % 2 == 0 { a.clone() } else { b.clone() };
             let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                barrier.wait();
+            tokio::spawn(async move {
+                barrier.wait().await;
                 let mut won = 0u64;
                 for _ in 0..20 {
-                    let mut next = store.workload("o", "counter").unwrap().unwrap();
+                    let mut next = store.workload("o", "counter").await.unwrap().unwrap();
                     next.updated_at_ms += 1;
-                    match store.replace_workload(&next, None) {
+                    match store.replace_workload(&next, None).await {
                         Ok(_) => won += 1,
                         Err(StoreError::Conflict) => {}
                         Err(e) => panic!("thread {i}: {e}"),
@@ -330,8 +356,12 @@ fn no_update_is_lost_across_replicas(f: &mut dyn Fixture) {
             })
         })
         .collect();
-    let won: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    let stored = b.workload("o", "counter").unwrap().unwrap();
+    let won: u64 = join_all(handles)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .sum();
+    let stored = b.workload("o", "counter").await.unwrap().unwrap();
     assert!(won >= 1);
     assert_eq!(
         stored.version,
@@ -341,66 +371,79 @@ fn no_update_is_lost_across_replicas(f: &mut dyn Fixture) {
     assert_eq!(stored.updated_at_ms, 1 + won, "and none overwrote another");
 }
 
-fn remove_takes_its_grants(f: &mut dyn Fixture) {
+async fn remove_takes_its_grants(f: &mut dyn Fixture) {
     let store = f.store();
     let r = record("o", "w");
-    store.insert_workload(&r, &grant("g1", &r, 10), 20).unwrap();
-    store.insert_grant(&grant("g2", &r, 10)).unwrap();
+    store
+        .insert_workload(&r, &grant("g1", &r, 10), 20)
+        .await
+        .unwrap();
+    store.insert_grant(&grant("g2", &r, 10)).await.unwrap();
     let keep = record("o", "keep");
     store
         .insert_workload(&keep, &grant("gk", &keep, 10), 20)
+        .await
         .unwrap();
     assert!(matches!(
-        store.remove_workload("o", "w", 7),
+        store.remove_workload("o", "w", 7).await,
         Err(StoreError::Conflict)
     ));
-    assert!(store.workload("o", "w").unwrap().is_some());
-    store.remove_workload("o", "w", 1).unwrap();
-    assert!(store.workload("o", "w").unwrap().is_none());
-    assert!(store.grant("g1").unwrap().is_none(), "grants go with it");
-    assert!(store.grant("g2").unwrap().is_none());
-    assert!(store.grant("gk").unwrap().is_some(), "others' stay");
+    assert!(store.workload("o", "w").await.unwrap().is_some());
+    store.remove_workload("o", "w", 1).await.unwrap();
+    assert!(store.workload("o", "w").await.unwrap().is_none());
+    assert!(
+        store.grant("g1").await.unwrap().is_none(),
+        "grants go with it"
+    );
+    assert!(store.grant("g2").await.unwrap().is_none());
+    assert!(store.grant("gk").await.unwrap().is_some(), "others' stay");
     assert!(matches!(
-        store.remove_workload("o", "w", 1),
+        store.remove_workload("o", "w", 1).await,
         Err(StoreError::NotFound)
     ));
     // A grant removed once is gone; a second removal says so.
-    assert!(store.remove_grant("gk").unwrap());
-    assert!(!store.remove_grant("gk").unwrap());
+    assert!(store.remove_grant("gk").await.unwrap());
+    assert!(!store.remove_grant("gk").await.unwrap());
 }
 
-fn expired_grants_are_purged(f: &mut dyn Fixture) {
+async fn expired_grants_are_purged(f: &mut dyn Fixture) {
     let store = f.store();
     let r = record("o", "w");
-    store.insert_workload(&r, &grant("old", &r, 5), 20).unwrap();
-    store.insert_grant(&grant("edge", &r, 10)).unwrap();
-    store.insert_grant(&grant("new", &r, 50)).unwrap();
-    assert_eq!(store.purge_expired_grants(10).unwrap(), 1);
-    assert!(store.grant("old").unwrap().is_none());
+    store
+        .insert_workload(&r, &grant("old", &r, 5), 20)
+        .await
+        .unwrap();
+    store.insert_grant(&grant("edge", &r, 10)).await.unwrap();
+    store.insert_grant(&grant("new", &r, 50)).await.unwrap();
+    assert_eq!(store.purge_expired_grants(10).await.unwrap(), 1);
+    assert!(store.grant("old").await.unwrap().is_none());
     assert!(
-        store.grant("edge").unwrap().is_some(),
+        store.grant("edge").await.unwrap().is_some(),
         "expires after 10, not at"
     );
-    assert!(store.grant("new").unwrap().is_some());
-    assert_eq!(store.purge_expired_grants(10).unwrap(), 0);
-    assert_eq!(store.workload("o", "w").unwrap().unwrap().version, 1);
+    assert!(store.grant("new").await.unwrap().is_some());
+    assert_eq!(store.purge_expired_grants(10).await.unwrap(), 0);
+    assert_eq!(store.workload("o", "w").await.unwrap().unwrap().version, 1);
 }
 
-fn owners_migrate_once(f: &mut dyn Fixture) {
+async fn owners_migrate_once(f: &mut dyn Fixture) {
     let map = |o: &str| format!("sub:{o}");
     {
         let store = f.store();
         // A new store is at the current schema: nothing to do.
         assert_eq!(
-            store.migrate_owners(SCHEMA_OWNER_KINDS, &map).unwrap(),
+            store.migrate_owners(SCHEMA_OWNER_KINDS, map).await.unwrap(),
             None
         );
         let r = record("alice", "w");
-        store.insert_workload(&r, &grant("g", &r, 50), 20).unwrap();
+        store
+            .insert_workload(&r, &grant("g", &r, 50), 20)
+            .await
+            .unwrap();
     }
-    f.pretend_schema_v1();
+    f.pretend_schema_v1().await;
     let store = f.store();
-    let done = store.migrate_owners(SCHEMA_OWNER_KINDS, &map).unwrap();
+    let done = store.migrate_owners(SCHEMA_OWNER_KINDS, map).await.unwrap();
     assert_eq!(
         done,
         Some(OwnerMigration {
@@ -409,25 +452,26 @@ fn owners_migrate_once(f: &mut dyn Fixture) {
             grants: 1
         })
     );
-    assert!(store.workload("alice", "w").unwrap().is_none());
-    let migrated = store.workload("sub:alice", "w").unwrap().unwrap();
+    assert!(store.workload("alice", "w").await.unwrap().is_none());
+    let migrated = store.workload("sub:alice", "w").await.unwrap().unwrap();
     assert_eq!(
         (migrated.owner.as_str(), migrated.version),
         ("sub:alice", 1)
     );
-    assert_eq!(store.grant("g").unwrap().unwrap().owner, "sub:alice");
+    assert_eq!(store.grant("g").await.unwrap().unwrap().owner, "sub:alice");
     // Again, or on another replica: nothing prefixed twice.
     assert_eq!(
-        store.migrate_owners(SCHEMA_OWNER_KINDS, &map).unwrap(),
+        store.migrate_owners(SCHEMA_OWNER_KINDS, map).await.unwrap(),
         None
     );
     assert_eq!(
         f.replica()
-            .migrate_owners(SCHEMA_OWNER_KINDS, &map)
+            .migrate_owners(SCHEMA_OWNER_KINDS, map)
+            .await
             .unwrap(),
         None
     );
-    assert_eq!(names(&*store, "sub:alice"), ["sub:alice:w"]);
+    assert_eq!(names(&*store, "sub:alice").await, ["sub:alice:w"]);
 }
 
 fn run(owner: &str, workload: &str, id: &str, sandboxes: &[&str]) -> RunRecord {
@@ -450,26 +494,37 @@ fn run(owner: &str, workload: &str, id: &str, sandboxes: &[&str]) -> RunRecord {
     }
 }
 
-fn runs_merge_conflict_and_shrink(f: &mut dyn Fixture) {
+async fn runs_merge_conflict_and_shrink(f: &mut dyn Fixture) {
     let runs = f.runs();
-    runs.add_to_run(&run("o", "w", "a", &["s2"])).unwrap();
-    let merged = runs.add_to_run(&run("o", "w", "a", &["s1", "s2"])).unwrap();
+    runs.add_to_run(&run("o", "w", "a", &["s2"])).await.unwrap();
+    let merged = runs
+        .add_to_run(&run("o", "w", "a", &["s1", "s2"]))
+        .await
+        .unwrap();
     let sandboxes: Vec<_> = merged
         .sandboxes
         .iter()
         .map(|s| s.sandbox.as_str())
         .collect();
     assert_eq!(sandboxes, ["s1", "s2"]);
-    assert_eq!(runs.run("o", "w", "a").unwrap(), Some(merged));
+    assert_eq!(runs.run("o", "w", "a").await.unwrap(), Some(merged));
     let mut other = run("o", "w", "a", &["s3"]);
     other.revision = "q".repeat(64);
-    assert!(matches!(runs.add_to_run(&other), Err(StoreError::Conflict)));
+    assert!(matches!(
+        runs.add_to_run(&other).await,
+        Err(StoreError::Conflict)
+    ));
     // The same run id for another owner or workload: separate runs.
-    runs.add_to_run(&run("o2", "w", "a", &["s1"])).unwrap();
-    runs.add_to_run(&run("o", "w2", "a", &["s1"])).unwrap();
-    runs.add_to_run(&run("o", "w", "b", &["s1"])).unwrap();
+    runs.add_to_run(&run("o2", "w", "a", &["s1"]))
+        .await
+        .unwrap();
+    runs.add_to_run(&run("o", "w2", "a", &["s1"]))
+        .await
+        .unwrap();
+    runs.add_to_run(&run("o", "w", "b", &["s1"])).await.unwrap();
     let ids: Vec<_> = runs
         .runs_of("o", "w")
+        .await
         .unwrap()
         .into_iter()
         .map(|r| r.run_id)
@@ -477,30 +532,36 @@ fn runs_merge_conflict_and_shrink(f: &mut dyn Fixture) {
     assert_eq!(ids, ["a", "b"]);
     let left = runs
         .remove_from_run("o", "w", "a", &["s1".into()])
+        .await
         .unwrap()
         .unwrap();
     assert_eq!(left.sandboxes.len(), 1);
     assert!(runs
         .remove_from_run("o", "w", "a", &["s2".into()])
+        .await
         .unwrap()
         .is_none());
-    assert!(runs.run("o", "w", "a").unwrap().is_none());
-    assert!(runs.run("o2", "w", "a").unwrap().is_some());
-    assert!(runs.remove_from_run("o", "w", "zz", &[]).unwrap().is_none());
+    assert!(runs.run("o", "w", "a").await.unwrap().is_none());
+    assert!(runs.run("o2", "w", "a").await.unwrap().is_some());
+    assert!(runs
+        .remove_from_run("o", "w", "zz", &[])
+        .await
+        .unwrap()
+        .is_none());
 }
 
 macro_rules! conformance {
     ($($test:ident),* $(,)?) => {
         mod redb {
-            $(#[test]
-            fn $test() {
-                super::$test(&mut super::Redb::new());
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $test() {
+                super::$test(&mut super::Redb::new()).await;
             })*
         }
         mod postgres {
-            $(#[test]
-            fn $test() {
-                super::$test(&mut super::Postgres::new());
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $test() {
+                super::$test(&mut super::Postgres::new().await).await;
             })*
         }
     };
@@ -520,22 +581,22 @@ conformance!(
 
 /// Replicas starting together on a new database: each finds the schema
 /// ready, the migrations are recorded once, and a restart applies none.
-#[test]
-fn postgres_migrations_are_idempotent_under_concurrent_starts() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_migrations_are_idempotent_under_concurrent_starts() {
     let cluster = Cluster::shared();
     let url = cluster.create_database();
     let barrier = Arc::new(Barrier::new(4));
     let handles: Vec<_> = (0..4)
         .map(|_| {
             let (url, barrier) = (url.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                barrier.wait();
-                PostgresStore::connect(&url).map(|_| ())
+            tokio::spawn(async move {
+                barrier.wait().await;
+                PostgresStore::connect(&url).await.map(|_| ())
             })
         })
         .collect();
     for h in handles {
-        h.join().unwrap().unwrap();
+        h.await.unwrap().unwrap();
     }
     let db = url.expose().rsplit('/').next().unwrap();
     assert_eq!(
@@ -545,14 +606,14 @@ fn postgres_migrations_are_idempotent_under_concurrent_starts() {
         ),
         "1"
     );
-    let store = PostgresStore::connect(&url).unwrap();
-    assert_eq!(store.schema_version().unwrap(), SCHEMA_OWNER_KINDS);
+    let store = PostgresStore::connect(&url).await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_OWNER_KINDS);
     // A database migrated by a newer build is refused, not guessed at.
     cluster.psql(
         db,
         "INSERT INTO cs_schema_migrations (version, name) VALUES (99, 'future')",
     );
-    match PostgresStore::connect(&url) {
+    match PostgresStore::connect(&url).await {
         Err(StoreError::Database(m)) => assert!(m.contains("version 99"), "{m}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
@@ -560,15 +621,16 @@ fn postgres_migrations_are_idempotent_under_concurrent_starts() {
 
 /// Records are the embedded store's JSON, byte for byte, so they can be
 /// copied between the two.
-#[test]
-fn postgres_records_are_the_embedded_encoding() {
-    let fixture = Postgres::new();
+#[tokio::test]
+async fn postgres_records_are_the_embedded_encoding() {
+    let fixture = Postgres::new().await;
     let r = record("o", "w");
     fixture
         .store
         .insert_workload(&r, &grant("g", &r, 10), 20)
+        .await
         .unwrap();
-    let stored = fixture.store.workload("o", "w").unwrap().unwrap();
+    let stored = fixture.store.workload("o", "w").await.unwrap().unwrap();
     let hex = Cluster::shared().psql(
         &fixture.db,
         "SELECT encode(record, 'hex') FROM cs_workloads WHERE owner = 'o' AND name = 'w'",

@@ -124,9 +124,13 @@ async fn recovery_after_a_crash() {
     {
         // The delete got as far as marking the record.
         let store = RedbStore::open(&dir.path().join("store/meta.redb")).unwrap();
-        let mut rec = store.workload("sub:alice", "doomed").unwrap().unwrap();
+        let mut rec = store
+            .workload("sub:alice", "doomed")
+            .await
+            .unwrap()
+            .unwrap();
         rec.status = WorkloadStatus::Deleting;
-        store.replace_workload(&rec, None).unwrap();
+        store.replace_workload(&rec, None).await.unwrap();
     }
 
     let server = TestServer::start_in(dir.path(), embedded_only).await;

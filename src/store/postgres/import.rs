@@ -6,7 +6,9 @@
 
 use tokio_postgres::types::ToSql;
 
-use super::{big, col, pg_err, GrantRecord, PostgresStore, RunRecord, StoreError, WorkloadRecord};
+use super::{
+    big, col, pg_err, timed, GrantRecord, PostgresStore, RunRecord, StoreError, WorkloadRecord,
+};
 
 /// Parameters of one statement.
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -15,7 +17,7 @@ impl PostgresStore {
     /// Inserts the workload `record`, stored as `raw` (its JSON), unless
     /// the owner has a workload of that name: then `Some(bytes)` of the
     /// record there, left as it is. No quota applies (the records exist).
-    pub fn import_workload(
+    pub async fn import_workload(
         &self,
         record: &WorkloadRecord,
         raw: &[u8],
@@ -33,11 +35,12 @@ impl PostgresStore {
             "SELECT record FROM cs_workloads WHERE owner = $1 AND name = $2",
             &[&record.owner, &record.name],
         )
+        .await
     }
 
     /// Inserts `grant`, stored as `raw`, unless a grant of that id exists:
     /// then `Some(bytes)` of that one, left as it is.
-    pub fn import_grant(
+    pub async fn import_grant(
         &self,
         grant: &GrantRecord,
         raw: &[u8],
@@ -56,11 +59,16 @@ impl PostgresStore {
             "SELECT record FROM cs_grants WHERE id = $1",
             &[&grant.id],
         )
+        .await
     }
 
     /// Inserts the delivery `run`, stored as `raw`, unless that run exists:
     /// then `Some(bytes)` of that one, left as it is.
-    pub fn import_run(&self, run: &RunRecord, raw: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+    pub async fn import_run(
+        &self,
+        run: &RunRecord,
+        raw: &[u8],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         self.insert_or_existing(
             "INSERT INTO cs_delivery_runs (owner, workload, run_id, revision, record)
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (owner, workload, run_id) DO NOTHING",
@@ -69,18 +77,19 @@ impl PostgresStore {
              WHERE owner = $1 AND workload = $2 AND run_id = $3",
             &[&run.owner, &run.workload, &run.run_id],
         )
+        .await
     }
 
     /// Runs `insert` (an `ON CONFLICT DO NOTHING`); when it inserted
     /// nothing, the `record` column `existing` selects.
-    fn insert_or_existing(
+    async fn insert_or_existing(
         &self,
         insert: &str,
         insert_params: Params<'_>,
         existing: &str,
         existing_params: Params<'_>,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        self.block_on(async {
+        timed(async {
             let client = self.client().await?;
             let inserted = client
                 .execute(insert, insert_params)
@@ -95,5 +104,6 @@ impl PostgresStore {
                 .map_err(pg_err)?;
             Ok(Some(col::<Vec<u8>>(&row, 0)?))
         })
+        .await
     }
 }

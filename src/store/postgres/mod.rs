@@ -1,18 +1,12 @@
 //! [`MetadataStore`] and [`RunStore`] on PostgreSQL, shared by replicas.
 //!
-//! Client: `tokio-postgres` with a `deadpool-postgres` pool, driven by a
-//! small runtime the store owns (one worker thread runs the connections;
-//! each call runs its future on the calling thread with
-//! [`Handle::block_on`]). The store traits are synchronous and called only
-//! from blocking threads (tokio's blocking pool, start-up recovery, plain
-//! threads in tests), so the store must not depend on the caller's runtime:
-//! `Handle::block_on` on a current-thread runtime (as in `#[tokio::test]`)
-//! cannot drive I/O from another thread, and the sync `postgres` crate hides
-//! a runtime in every connection, which panics when the pool is dropped in
-//! an async context. Owning one runtime avoids both: its connections live
-//! on it, and [`Drop`] shuts it down in the background, which is allowed
-//! anywhere. The pool replaces closed connections, so the store recovers by
-//! itself when the database comes back.
+//! Client: `tokio-postgres` with a `deadpool-postgres` pool, on the
+//! caller's runtime: the store traits are async, so each call is a plain
+//! future and every operation is bounded by [`OPERATION_TIMEOUT`]. The
+//! pool's connections are driven by tasks on the runtime that opened them,
+//! so a store lives and dies with that runtime. The pool replaces closed
+//! connections, so the store recovers by itself when the database comes
+//! back.
 //!
 //! Every compare-and-swap is one transaction: rows are locked with
 //! `SELECT ... FOR UPDATE` (read committed: a waiting transaction re-reads
@@ -41,7 +35,6 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use sha2::{Digest, Sha256};
-use tokio::runtime::Handle;
 use tokio_postgres::{NoTls, Row};
 
 use super::{
@@ -65,9 +58,6 @@ const LOCK_RUN: &str = "delivery-run";
 /// The PostgreSQL-backed metadata store and run registry.
 pub struct PostgresStore {
     pool: Pool,
-    handle: Handle,
-    /// Taken by [`Drop`] to shut it down without blocking.
-    runtime: Option<tokio::runtime::Runtime>,
     url: DatabaseUrl,
 }
 
@@ -82,9 +72,6 @@ impl std::fmt::Debug for PostgresStore {
 impl Drop for PostgresStore {
     fn drop(&mut self) {
         self.pool.close();
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
     }
 }
 
@@ -175,9 +162,8 @@ fn run_key(owner: &str, workload: &str, run_id: &str) -> String {
 }
 
 impl PostgresStore {
-    /// Connects to `url` and applies pending migrations. Blocking: call it
-    /// from a blocking thread, never from async code.
-    pub fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
+    /// Connects to `url` and applies pending migrations.
+    pub async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
         let tls::Connection {
             mut config,
             transport,
@@ -188,12 +174,6 @@ impl PostgresStore {
         if config.get_application_name().is_none() {
             config.application_name("context-service");
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("cs-postgres")
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::Database(format!("starting the database runtime: {e}")))?;
         let manager_config = ManagerConfig {
             // A closed connection is dropped at checkout; an open one is
             // used without a probe (a server restart closes them).
@@ -216,14 +196,13 @@ impl PostgresStore {
             .map_err(|e| StoreError::Database(format!("building the connection pool: {e}")))?;
         let store = Self {
             pool,
-            handle: runtime.handle().clone(),
-            runtime: Some(runtime),
             url: url.clone(),
         };
-        let applied = store.block_on(async {
+        let applied = timed(async {
             let mut client = store.client().await?;
             migrations::migrate(&mut client).await
-        })?;
+        })
+        .await?;
         if !applied.is_empty() {
             tracing::info!(?applied, latest = migrations::latest(), "database migrated");
         }
@@ -231,8 +210,8 @@ impl PostgresStore {
     }
 
     /// The records' schema version (1 when none is recorded).
-    pub fn schema_version(&self) -> Result<u64, StoreError> {
-        self.block_on(async {
+    pub async fn schema_version(&self) -> Result<u64, StoreError> {
+        timed(async {
             let client = self.client().await?;
             let row = client
                 .query_opt(
@@ -246,27 +225,23 @@ impl PostgresStore {
                 Some(r) => Ok(col::<i64>(&r, 0)?.max(0) as u64),
             }
         })
-    }
-
-    /// Runs `fut` on the calling (blocking) thread, bounded by
-    /// [`OPERATION_TIMEOUT`].
-    fn block_on<T>(
-        &self,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        self.handle.block_on(async {
-            match tokio::time::timeout(OPERATION_TIMEOUT, fut).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Unavailable(format!(
-                    "no answer within {}s",
-                    OPERATION_TIMEOUT.as_secs()
-                ))),
-            }
-        })
+        .await
     }
 
     async fn client(&self) -> Result<Object, StoreError> {
         self.pool.get().await.map_err(pool_err)
+    }
+}
+
+/// Runs `fut` bounded by [`OPERATION_TIMEOUT`]: past it the database
+/// counts as unavailable.
+async fn timed<T>(fut: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    match tokio::time::timeout(OPERATION_TIMEOUT, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "no answer within {}s",
+            OPERATION_TIMEOUT.as_secs()
+        ))),
     }
 }
 
@@ -289,8 +264,9 @@ fn workloads_of_rows(rows: &[Row]) -> Result<Vec<WorkloadRecord>, StoreError> {
         .collect()
 }
 
+#[async_trait::async_trait]
 impl MetadataStore for PostgresStore {
-    fn insert_workload(
+    async fn insert_workload(
         &self,
         record: &WorkloadRecord,
         grant: &GrantRecord,
@@ -300,7 +276,7 @@ impl MetadataStore for PostgresStore {
         stored.version = 1;
         let body = encode(&stored)?;
         let grant_body = encode(grant)?;
-        self.block_on(async {
+        timed(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_err)?;
             // Two replicas creating for one owner at once must count each
@@ -331,10 +307,15 @@ impl MetadataStore for PostgresStore {
             insert_grant(&tx, grant, &grant_body).await?;
             tx.commit().await.map_err(pg_err)
         })
+        .await
     }
 
-    fn workload(&self, owner: &str, name: &str) -> Result<Option<WorkloadRecord>, StoreError> {
-        self.block_on(async {
+    async fn workload(
+        &self,
+        owner: &str,
+        name: &str,
+    ) -> Result<Option<WorkloadRecord>, StoreError> {
+        timed(async {
             let client = self.client().await?;
             let row = client
                 .query_opt(
@@ -346,10 +327,11 @@ impl MetadataStore for PostgresStore {
             row.map(|r| decode(&workload_key(owner, name), col(&r, 0)?))
                 .transpose()
         })
+        .await
     }
 
-    fn workloads_of(&self, owner: &str) -> Result<Vec<WorkloadRecord>, StoreError> {
-        self.block_on(async {
+    async fn workloads_of(&self, owner: &str) -> Result<Vec<WorkloadRecord>, StoreError> {
+        timed(async {
             let client = self.client().await?;
             let rows = client
                 .query(
@@ -360,10 +342,11 @@ impl MetadataStore for PostgresStore {
                 .map_err(pg_err)?;
             workloads_of_rows(&rows)
         })
+        .await
     }
 
-    fn all_workloads(&self) -> Result<Vec<WorkloadRecord>, StoreError> {
-        self.block_on(async {
+    async fn all_workloads(&self) -> Result<Vec<WorkloadRecord>, StoreError> {
+        timed(async {
             let client = self.client().await?;
             let rows = client
                 .query(
@@ -374,14 +357,15 @@ impl MetadataStore for PostgresStore {
                 .map_err(pg_err)?;
             workloads_of_rows(&rows)
         })
+        .await
     }
 
-    fn replace_workload(
+    async fn replace_workload(
         &self,
         record: &WorkloadRecord,
         consume_grant: Option<&str>,
     ) -> Result<WorkloadRecord, StoreError> {
-        self.block_on(async {
+        timed(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_err)?;
             let row = tx
@@ -421,10 +405,16 @@ impl MetadataStore for PostgresStore {
             tx.commit().await.map_err(pg_err)?;
             Ok(stored)
         })
+        .await
     }
 
-    fn remove_workload(&self, owner: &str, name: &str, version: u64) -> Result<(), StoreError> {
-        self.block_on(async {
+    async fn remove_workload(
+        &self,
+        owner: &str,
+        name: &str,
+        version: u64,
+    ) -> Result<(), StoreError> {
+        timed(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_err)?;
             let row = tx
@@ -451,20 +441,22 @@ impl MetadataStore for PostgresStore {
                 .map_err(pg_err)?;
             tx.commit().await.map_err(pg_err)
         })
+        .await
     }
 
-    fn insert_grant(&self, grant: &GrantRecord) -> Result<(), StoreError> {
+    async fn insert_grant(&self, grant: &GrantRecord) -> Result<(), StoreError> {
         let body = encode(grant)?;
-        self.block_on(async {
+        timed(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_err)?;
             insert_grant(&tx, grant, &body).await?;
             tx.commit().await.map_err(pg_err)
         })
+        .await
     }
 
-    fn grant(&self, id: &str) -> Result<Option<GrantRecord>, StoreError> {
-        self.block_on(async {
+    async fn grant(&self, id: &str) -> Result<Option<GrantRecord>, StoreError> {
+        timed(async {
             let client = self.client().await?;
             let row = client
                 .query_opt("SELECT record FROM cs_grants WHERE id = $1", &[&id])
@@ -472,10 +464,11 @@ impl MetadataStore for PostgresStore {
                 .map_err(pg_err)?;
             row.map(|r| decode(id, col(&r, 0)?)).transpose()
         })
+        .await
     }
 
-    fn remove_grant(&self, id: &str) -> Result<bool, StoreError> {
-        self.block_on(async {
+    async fn remove_grant(&self, id: &str) -> Result<bool, StoreError> {
+        timed(async {
             let client = self.client().await?;
             let n = client
                 .execute("DELETE FROM cs_grants WHERE id = $1", &[&id])
@@ -483,10 +476,11 @@ impl MetadataStore for PostgresStore {
                 .map_err(pg_err)?;
             Ok(n > 0)
         })
+        .await
     }
 
-    fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError> {
-        self.block_on(async {
+    async fn purge_expired_grants(&self, now_ms: u64) -> Result<usize, StoreError> {
+        timed(async {
             let client = self.client().await?;
             let n = client
                 .execute(
@@ -497,14 +491,15 @@ impl MetadataStore for PostgresStore {
                 .map_err(pg_err)?;
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
         })
+        .await
     }
 
-    fn migrate_owners(
+    async fn migrate_owners(
         &self,
         version: u64,
-        map: &dyn Fn(&str) -> String,
+        map: for<'m> fn(&'m str) -> String,
     ) -> Result<Option<OwnerMigration>, StoreError> {
-        self.block_on(async {
+        timed(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_err)?;
             // The row lock makes a second replica wait, then find the new
@@ -580,6 +575,7 @@ impl MetadataStore for PostgresStore {
             tx.commit().await.map_err(pg_err)?;
             Ok(Some(done))
         })
+        .await
     }
 }
 
@@ -622,11 +618,11 @@ mod tests {
         );
     }
 
-    #[test]
-    fn unreachable_servers_are_unavailable_not_internal() {
+    #[tokio::test]
+    async fn unreachable_servers_are_unavailable_not_internal() {
         // Nothing listens on port 1 of loopback.
         let url: DatabaseUrl = "postgres://cs@127.0.0.1:1/cs".parse().unwrap();
-        match PostgresStore::connect(&url) {
+        match PostgresStore::connect(&url).await {
             Err(StoreError::Unavailable(_)) => {}
             other => panic!("expected Unavailable, got {other:?}"),
         }

@@ -1,18 +1,19 @@
 //! [`RunStore`] on PostgreSQL: delivery runs, one row each.
 
 use super::{
-    col, decode, encode, lock, lock_key, pg_err, run_key, PostgresStore, RunRecord, RunStore,
-    StoreError, LOCK_RUN,
+    col, decode, encode, lock, lock_key, pg_err, run_key, timed, PostgresStore, RunRecord,
+    RunStore, StoreError, LOCK_RUN,
 };
 
+#[async_trait::async_trait]
 impl RunStore for PostgresStore {
-    fn run(
+    async fn run(
         &self,
         owner: &str,
         workload: &str,
         run_id: &str,
     ) -> Result<Option<RunRecord>, StoreError> {
-        self.block_on(async {
+        timed(async {
             let client = self.client().await?;
             let row = client
                 .query_opt(
@@ -25,10 +26,11 @@ impl RunStore for PostgresStore {
             row.map(|r| decode(&run_key(owner, workload, run_id), col(&r, 0)?))
                 .transpose()
         })
+        .await
     }
 
-    fn runs_of(&self, owner: &str, workload: &str) -> Result<Vec<RunRecord>, StoreError> {
-        self.block_on(async {
+    async fn runs_of(&self, owner: &str, workload: &str) -> Result<Vec<RunRecord>, StoreError> {
+        timed(async {
             let client = self.client().await?;
             let rows = client
                 .query(
@@ -42,10 +44,11 @@ impl RunStore for PostgresStore {
                 .map(|r| decode(&run_key(owner, workload, col(r, 0)?), col(r, 1)?))
                 .collect()
         })
+        .await
     }
 
-    fn add_to_run(&self, run: &RunRecord) -> Result<RunRecord, StoreError> {
-        self.block_on(async {
+    async fn add_to_run(&self, run: &RunRecord) -> Result<RunRecord, StoreError> {
+        timed(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_err)?;
             // Serialises two replicas creating the same run.
@@ -83,16 +86,17 @@ impl RunStore for PostgresStore {
             tx.commit().await.map_err(pg_err)?;
             Ok(stored)
         })
+        .await
     }
 
-    fn remove_from_run(
+    async fn remove_from_run(
         &self,
         owner: &str,
         workload: &str,
         run_id: &str,
         sandboxes: &[String],
     ) -> Result<Option<RunRecord>, StoreError> {
-        self.block_on(async {
+        timed(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(pg_err)?;
             let key = run_key(owner, workload, run_id);
@@ -130,5 +134,6 @@ impl RunStore for PostgresStore {
             tx.commit().await.map_err(pg_err)?;
             Ok(left)
         })
+        .await
     }
 }
