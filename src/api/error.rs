@@ -602,6 +602,34 @@ mod delivery_error_tests {
     }
 
     #[test]
+    fn the_bundle_size_limits_answer_413_with_their_own_code() {
+        let samples = [
+            BundleError::CompressedTooLarge { limit: 1 },
+            BundleError::InflatedTooLarge {
+                limit: 1,
+                entry: None,
+            },
+            BundleError::TooManyEntries {
+                limit: 1,
+                entry: "e".into(),
+            },
+            BundleError::FileTooLarge {
+                entry: "e".into(),
+                size: 2,
+                limit: 1,
+            },
+            BundleError::PathTraversal { entry: "e".into() },
+            BundleError::TruncatedGzip,
+        ];
+        for b in samples {
+            assert_eq!(too_large(&b).is_some(), b.is_too_large(), "{b}");
+            if let Some(code) = too_large(&b) {
+                assert_eq!((code.as_str(), code.status().as_u16()), (b.code(), 413));
+            }
+        }
+    }
+
+    #[test]
     fn every_code_is_snake_case_and_unique() {
         let mut seen = std::collections::BTreeSet::new();
         for code in Code::ALL {
