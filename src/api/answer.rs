@@ -11,7 +11,7 @@ use axum::response::Response;
 pub const TARGET: &str = "context_service::api::answer";
 
 /// Response extension: the `error` code of an error answer (set by
-/// [`super::ApiError`] and the delivery errors when they become responses).
+/// [`super::ApiError`] when it becomes a response).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErrorCode(pub &'static str);
 

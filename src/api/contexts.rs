@@ -9,10 +9,10 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::ApiResult;
+use super::error::{ApiResult, Code};
 use super::json::{self, path_param, GoField, GoKind, GoStruct};
 use super::openapi::{
-    case, error_set, Delegation, Errors, AUTH, BASE, BODY, GO_JSON_BODY, NOT_FOUND, PATH,
+    error_set, Delegation, Errors, AUTH, BASE, BODY, GO_JSON_BODY, NOT_FOUND, PATH,
 };
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
@@ -34,8 +34,8 @@ error_set!(
         BODY,
         GO_JSON_BODY,
         &[
-            case(StatusCode::CONFLICT, "already_exists"),
-            case(StatusCode::TOO_MANY_REQUESTS, "context_quota_exceeded"),
+            Code::AlreadyExists,
+            Code::ContextQuotaExceeded,
         ],
     ]
 );

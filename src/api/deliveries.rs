@@ -13,12 +13,12 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, DeliveryApiError, DELIVERY_FAILED};
+use super::error::{ApiError, ApiResult, Code};
 use super::extract::ApiJson;
 use super::json::path_param;
 use super::openapi::{
-    case, error_set, Delegation, ErrorCase, Errors, AUTH, BASE, BODY, DELIVERIES_OFF, JSON_BODY,
-    PATH, WORKLOAD_NOT_FOUND,
+    error_set, Delegation, Errors, AUTH, BASE, BODY, DELIVERIES_OFF, JSON_BODY, PATH,
+    WORKLOAD_NOT_FOUND,
 };
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
@@ -47,7 +47,7 @@ struct DeliverBody {
 
 /// A delivery or release that failed in a sandbox (`502`, with every
 /// sandbox's outcome).
-const FAILED: &[ErrorCase] = &[case(StatusCode::BAD_GATEWAY, DELIVERY_FAILED)];
+const FAILED: &[Code] = &[Code::DeliveryFailed];
 
 error_set!(
     /// Errors of `POST /v1/workloads/{id}/deliveries`.
@@ -61,11 +61,11 @@ error_set!(
         WORKLOAD_NOT_FOUND,
         FAILED,
         &[
-            case(StatusCode::NOT_FOUND, "sandbox_not_found"),
-            case(StatusCode::NOT_FOUND, "pool_not_found"),
-            case(StatusCode::CONFLICT, "workload_not_ready"),
-            case(StatusCode::CONFLICT, "run_conflict"),
-            case(StatusCode::CONFLICT, "sandbox_suspended"),
+            Code::SandboxNotFound,
+            Code::PoolNotFound,
+            Code::WorkloadNotReady,
+            Code::RunConflict,
+            Code::SandboxSuspended,
         ],
     ]
 );
@@ -82,18 +82,15 @@ error_set!(
         DELIVERIES_OFF,
         WORKLOAD_NOT_FOUND,
         FAILED,
-        &[case(StatusCode::NOT_FOUND, "run_not_found")],
+        &[Code::RunNotFound],
     ]
 );
-
-type DeliveryResult<T> = Result<T, DeliveryApiError>;
 
 /// The service, or `501` on a backend without an exec port.
 fn service(state: &AppState) -> Result<&DeliveryService, ApiError> {
     state.deliveries.as_ref().ok_or_else(|| {
         ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_implemented",
+            Code::NotImplemented,
             "deliveries are not available on this sandbox backend",
         )
     })
@@ -118,7 +115,7 @@ async fn deliver(
     principal: Principal,
     path: Result<Path<String>, PathRejection>,
     ApiJson(body): ApiJson<DeliverBody>,
-) -> DeliveryResult<Response> {
+) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsDeliver)?;
     let id = path_param(path)?;
     let target = match (body.sandbox, body.pool) {
@@ -127,8 +124,7 @@ async fn deliver(
         _ => {
             return Err(ApiError::invalid_request(
                 "exactly one of \"sandbox\" and \"pool\" is required",
-            )
-            .into())
+            ))
         }
     };
     let input = DeliverInput {
@@ -156,7 +152,7 @@ async fn list(
     State(state): State<AppState>,
     principal: Principal,
     path: Result<Path<String>, PathRejection>,
-) -> DeliveryResult<Response> {
+) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsDeliver)?;
     let id = path_param(path)?;
     let deliveries = service(&state)?.list(principal.owner(), &id).await?;
@@ -180,7 +176,7 @@ async fn release(
     State(state): State<AppState>,
     principal: Principal,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> DeliveryResult<StatusCode> {
+) -> ApiResult<StatusCode> {
     principal.require(Scope::WorkloadsDeliver)?;
     let (id, run) = path_param(path)?;
     service(&state)?

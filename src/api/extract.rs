@@ -7,10 +7,10 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use super::error::{ApiError, Code};
 use crate::auth::{AuthError, Authenticator, Principal};
 
 /// Header a trusted service uses to act for a subject: `<kind>:<id>`, kind
@@ -116,8 +116,7 @@ pub struct ApiJson<T>(pub T);
 /// request, so the answer says `Connection: close`.
 fn too_large() -> ApiError {
     ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
+        Code::BodyTooLarge,
         format!("the JSON body exceeds {JSON_LIMIT} bytes"),
     )
     .closing()
@@ -171,8 +170,7 @@ pub fn parse_json<T: DeserializeOwned>(
         });
         if !is_json {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                Code::UnsupportedMediaType,
                 "send the body as Content-Type: application/json",
             ));
         }
@@ -207,18 +205,18 @@ mod tests {
         let token = mint(&f, "");
         let mut headers = HeaderMap::new();
         let err = principal(&f.auth, &headers).unwrap_err();
-        assert_eq!(err.code(), "token_required");
+        assert_eq!(err.code().as_str(), "token_required");
         assert_eq!(err.status(), 401);
         assert_eq!(err.message(), "an Authorization: Bearer token is required");
         headers.insert("authorization", format!("Basic {token}").parse().unwrap());
         let err = principal(&f.auth, &headers).unwrap_err();
-        assert_eq!(err.code(), "token_invalid");
+        assert_eq!(err.code().as_str(), "token_invalid");
         assert_eq!(err.message(), "expected \"Authorization: Bearer <token>\"");
         headers.insert("authorization", format!("bearer {token}").parse().unwrap());
         assert_eq!(principal(&f.auth, &headers).unwrap().subject(), "alice");
         headers.insert("authorization", "Bearer garbage".parse().unwrap());
         assert_eq!(
-            principal(&f.auth, &headers).unwrap_err().code(),
+            principal(&f.auth, &headers).unwrap_err().code().as_str(),
             "token_invalid"
         );
     }
@@ -237,7 +235,10 @@ mod tests {
         // Different tokens: neither is trusted, even though both verify.
         headers.insert("authorization", format!("Bearer {other}").parse().unwrap());
         let err = principal(&f.auth, &headers).unwrap_err();
-        assert_eq!((err.status().as_u16(), err.code()), (401, "token_invalid"));
+        assert_eq!(
+            (err.status().as_u16(), err.code().as_str()),
+            (401, "token_invalid")
+        );
         assert_eq!(
             err.message(),
             "Authorization and X-SH-Auth carry different tokens"
@@ -245,14 +246,14 @@ mod tests {
         // A malformed Authorization is not rescued by X-SH-Auth.
         headers.insert("authorization", format!("Basic {token}").parse().unwrap());
         assert_eq!(
-            principal(&f.auth, &headers).unwrap_err().code(),
+            principal(&f.auth, &headers).unwrap_err().code().as_str(),
             "token_invalid"
         );
         // The X-SH-Auth token is verified like any bearer token.
         let mut headers = HeaderMap::new();
         headers.insert(SH_AUTH_HEADER, "garbage".parse().unwrap());
         assert_eq!(
-            principal(&f.auth, &headers).unwrap_err().code(),
+            principal(&f.auth, &headers).unwrap_err().code().as_str(),
             "token_invalid"
         );
         headers.insert(SH_AUTH_HEADER, " ".parse().unwrap());
@@ -276,7 +277,7 @@ mod tests {
         headers.insert("authorization", "Bearer".parse().unwrap());
         let err = ApiError::from(bearer_token(&headers, "upload token").unwrap_err());
         assert_eq!(err.status(), 401);
-        assert_eq!(err.code(), "token_invalid");
+        assert_eq!(err.code().as_str(), "token_invalid");
         assert_eq!(
             err.message(),
             "expected \"Authorization: Bearer <upload token>\""
@@ -289,7 +290,7 @@ mod tests {
         let p = f.auth.authenticate(&mint(&f, "pools:read"), None).unwrap();
         let missing = ApiError::from(p.require(crate::auth::Scope::PoolsWrite).unwrap_err());
         assert_eq!(missing.status(), 403);
-        assert_eq!(missing.code(), "scope_missing");
+        assert_eq!(missing.code().as_str(), "scope_missing");
         assert_eq!(
             missing.message(),
             "the token lacks the scope \"pools:write\""
@@ -300,7 +301,10 @@ mod tests {
         headers.insert("authorization", bearer.parse().unwrap());
         headers.insert(SUBJECT_HEADER, "user:bob".parse().unwrap());
         let err = principal(&f.auth, &headers).unwrap_err();
-        assert_eq!((err.status().as_u16(), err.code()), (403, "scope_missing"));
+        assert_eq!(
+            (err.status().as_u16(), err.code().as_str()),
+            (403, "scope_missing")
+        );
         assert_eq!(
             err.message(),
             "X-Context-Subject needs a token with the scope \"delegate\""
@@ -311,12 +315,15 @@ mod tests {
         headers.insert(SUBJECT_HEADER, "group:x".parse().unwrap());
         let err = principal(&f.auth, &headers).unwrap_err();
         assert_eq!(
-            (err.status().as_u16(), err.code()),
+            (err.status().as_u16(), err.code().as_str()),
             (400, "invalid_request")
         );
 
         let err = ApiError::from(AuthError::TokenExpired);
-        assert_eq!((err.status().as_u16(), err.code()), (401, "token_expired"));
+        assert_eq!(
+            (err.status().as_u16(), err.code().as_str()),
+            (401, "token_expired")
+        );
         assert_eq!(err.message(), "the token has expired");
     }
 }

@@ -8,9 +8,9 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, ApiResult};
+use super::error::{ApiError, ApiResult, Code};
 use super::json;
-use super::openapi::{case, error_set, Errors, BASE};
+use super::openapi::{error_set, Errors, BASE};
 use crate::app::AppState;
 use crate::metrics::{self, Metrics};
 
@@ -36,8 +36,8 @@ error_set!(
     ReadyzErrors = [
         BASE,
         &[
-            case(StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
-            case(StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            Code::NotReady,
+            Code::ShuttingDown,
         ]
     ]
 );
@@ -75,8 +75,7 @@ async fn healthz() -> Response {
 async fn readyz(State(state): State<AppState>) -> ApiResult<Response> {
     if state.readiness.is_draining() {
         return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
+            Code::ShuttingDown,
             "the service is shutting down",
         ));
     }

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
 use tower_http::timeout::{TimeoutBody, TimeoutError};
 
-use super::error::ApiError;
+use super::error::{ApiError, Code};
 
 /// Time limits of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +80,7 @@ pub(super) async fn body_idle_timeout(
         return response;
     }
     let mut response = ApiError::new(
-        StatusCode::REQUEST_TIMEOUT,
-        "request_timeout",
+        Code::RequestTimeout,
         format!(
             "no part of the request body arrived for {}",
             humantime::format_duration(idle)
@@ -108,8 +107,7 @@ pub(super) async fn deadline(
     match tokio::time::timeout(limits.deadline, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "deadline_exceeded",
+            Code::DeadlineExceeded,
             format!(
                 "the request did not finish within {}",
                 humantime::format_duration(limits.deadline)

@@ -21,7 +21,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{IntoParams, IntoResponses, Modify, OpenApi, ToSchema};
 
-use super::error::DELIVERY_FAILED;
+use super::error::Code;
 use super::error_body::ErrorBody;
 use crate::delivery::FailedBody;
 
@@ -148,109 +148,81 @@ pub(super) struct TrustedSubject {
     subject: String,
 }
 
-/// One error answer: a status and the code in its body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ErrorCase {
-    /// The HTTP status.
-    pub status: StatusCode,
-    /// The `error` code of the body.
-    pub code: &'static str,
-}
-
-/// An [`ErrorCase`], in a const.
-pub(super) const fn case(status: StatusCode, code: &'static str) -> ErrorCase {
-    ErrorCase { status, code }
-}
-
 /// Authentication and authorisation of a user-token route
 /// (`api::extract`): no, a bad or an expired token, a missing scope, a bad
 /// `X-Context-Subject`.
-pub(super) const AUTH: &[ErrorCase] = &[
-    case(StatusCode::UNAUTHORIZED, "token_required"),
-    case(StatusCode::UNAUTHORIZED, "token_invalid"),
-    case(StatusCode::UNAUTHORIZED, "token_expired"),
-    case(StatusCode::FORBIDDEN, "scope_missing"),
-    case(StatusCode::BAD_REQUEST, "invalid_request"),
+pub(super) const AUTH: &[Code] = &[
+    Code::TokenRequired,
+    Code::TokenInvalid,
+    Code::TokenExpired,
+    Code::ScopeMissing,
+    Code::InvalidRequest,
 ];
 
 /// Every route but the streaming ones: the request deadline
 /// (`api::limits`), and a failure the client cannot fix.
-pub(super) const BASE: &[ErrorCase] = &[
-    case(StatusCode::SERVICE_UNAVAILABLE, "deadline_exceeded"),
-    case(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable"),
-    case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+pub(super) const BASE: &[Code] = &[
+    Code::DeadlineExceeded,
+    Code::DatabaseUnavailable,
+    Code::InternalError,
 ];
 
 /// Streaming routes (no deadline): a failure the client cannot fix.
-pub(super) const INTERNAL: &[ErrorCase] = &[
-    case(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable"),
-    case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
-];
+pub(super) const INTERNAL: &[Code] = &[Code::DatabaseUnavailable, Code::InternalError];
 
 /// A route that reads a request body: it went quiet (`api::limits`).
-pub(super) const BODY: &[ErrorCase] = &[case(StatusCode::REQUEST_TIMEOUT, "request_timeout")];
+pub(super) const BODY: &[Code] = &[Code::RequestTimeout];
 
 /// A path parameter that cannot be decoded (`api::rejection`).
-pub(super) const PATH: &[ErrorCase] = &[case(StatusCode::BAD_REQUEST, "invalid_request")];
+pub(super) const PATH: &[Code] = &[Code::InvalidRequest];
 
 /// A JSON body read by `ApiJson` (`api::extract`): too large, not JSON,
 /// not the schema.
-pub(super) const JSON_BODY: &[ErrorCase] = &[
-    case(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
-    case(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
-    case(StatusCode::BAD_REQUEST, "invalid_request"),
+pub(super) const JSON_BODY: &[Code] = &[
+    Code::BodyTooLarge,
+    Code::UnsupportedMediaType,
+    Code::InvalidRequest,
 ];
 
 /// A JSON body decoded like upstream's Go handlers (`api::json`): every
 /// failure, even a body past the limit, is `400 invalid_request`.
-pub(super) const GO_JSON_BODY: &[ErrorCase] = &[case(StatusCode::BAD_REQUEST, "invalid_request")];
+pub(super) const GO_JSON_BODY: &[Code] = &[Code::InvalidRequest];
 
 /// `PoolError::NotFound`.
-pub(super) const NOT_FOUND: &[ErrorCase] = &[case(StatusCode::NOT_FOUND, "not_found")];
+pub(super) const NOT_FOUND: &[Code] = &[Code::NotFound];
 
 /// A workload that does not exist (or is not the caller's).
-pub(super) const WORKLOAD_NOT_FOUND: &[ErrorCase] =
-    &[case(StatusCode::NOT_FOUND, "workload_not_found")];
+pub(super) const WORKLOAD_NOT_FOUND: &[Code] = &[Code::WorkloadNotFound];
 
 /// Whether a workload takes an upload (`check_uploadable`).
-pub(super) const UPLOADABLE: &[ErrorCase] = &[
-    case(StatusCode::CONFLICT, "workload_already_active"),
-    case(StatusCode::CONFLICT, "workload_not_ready"),
-];
+pub(super) const UPLOADABLE: &[Code] = &[Code::WorkloadAlreadyActive, Code::WorkloadNotReady];
 
 /// Receiving a bundle (`api::workloads::upload`, the workload service and
 /// the bundle engine's limits and rules).
-pub(super) const BUNDLE_UPLOAD: &[ErrorCase] = &[
-    case(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
-    case(StatusCode::PAYLOAD_TOO_LARGE, "upload_too_large"),
-    case(StatusCode::PAYLOAD_TOO_LARGE, "inflated_too_large"),
-    case(StatusCode::PAYLOAD_TOO_LARGE, "too_many_entries"),
-    case(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large"),
-    case(StatusCode::BAD_REQUEST, "bundle_rejected"),
-    case(StatusCode::BAD_REQUEST, "invalid_request"),
-    case(StatusCode::CONFLICT, "upload_in_progress"),
-    case(StatusCode::TOO_MANY_REQUESTS, "too_many_uploads"),
-    case(StatusCode::SERVICE_UNAVAILABLE, "temp_space_exhausted"),
-    case(StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+pub(super) const BUNDLE_UPLOAD: &[Code] = &[
+    Code::UnsupportedMediaType,
+    Code::UploadTooLarge,
+    Code::InflatedTooLarge,
+    Code::TooManyEntries,
+    Code::FileTooLarge,
+    Code::BundleRejected,
+    Code::InvalidRequest,
+    Code::UploadInProgress,
+    Code::TooManyUploads,
+    Code::TempSpaceExhausted,
+    Code::InternalError,
 ];
 
 /// Reading or writing bundle bytes in object storage (`--blob-url`): it is
 /// unreachable, or holds other bytes under a bundle's digest.
-pub(super) const OBJECT_STORAGE: &[ErrorCase] = &[
-    case(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable"),
-    case(StatusCode::BAD_GATEWAY, "bundle_corrupt"),
-];
+pub(super) const OBJECT_STORAGE: &[Code] = &[Code::StorageUnavailable, Code::BundleCorrupt];
 
 /// A trusted route (`api::trusted`): the caller is not a platform service
 /// (`WWW-Authenticate: Bearer`), or `X-Context-Subject` is missing or bad.
-pub(super) const TRUSTED_AUTH: &[ErrorCase] = &[
-    case(StatusCode::UNAUTHORIZED, "unauthorized"),
-    case(StatusCode::BAD_REQUEST, "invalid_subject"),
-];
+pub(super) const TRUSTED_AUTH: &[Code] = &[Code::Unauthorized, Code::InvalidSubject];
 
 /// A backend without an exec port (`api::deliveries::service`).
-pub(super) const DELIVERIES_OFF: &[ErrorCase] =
-    &[case(StatusCode::NOT_IMPLEMENTED, "not_implemented")];
+pub(super) const DELIVERIES_OFF: &[Code] = &[Code::NotImplemented];
 
 /// The bytes of a bundle: a gzip-compressed tar.
 #[derive(Debug, ToSchema)]
@@ -260,12 +232,12 @@ pub(super) struct BundleBytes(#[allow(dead_code)] Vec<u8>);
 /// The error answers of one operation: the union of a few sets.
 pub trait ErrorSet {
     /// The sets; a status and code may appear in several.
-    const SETS: &'static [&'static [ErrorCase]];
+    const SETS: &'static [&'static [Code]];
 
-    /// Every case, each once, by status then code.
-    fn cases() -> Vec<ErrorCase> {
-        let mut cases: Vec<ErrorCase> = Self::SETS.iter().flat_map(|s| s.iter().copied()).collect();
-        cases.sort_by_key(|c| (c.status.as_u16(), c.code));
+    /// Every code, each once, by status then code.
+    fn cases() -> Vec<Code> {
+        let mut cases: Vec<Code> = Self::SETS.iter().flat_map(|s| s.iter().copied()).collect();
+        cases.sort_by_key(|c| (c.status().as_u16(), c.as_str()));
         cases.dedup();
         cases
     }
@@ -277,9 +249,9 @@ pub struct Errors<S>(PhantomData<S>);
 
 impl<S: ErrorSet> IntoResponses for Errors<S> {
     fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::response::Response>> {
-        let mut by_status: BTreeMap<u16, Vec<&'static str>> = BTreeMap::new();
+        let mut by_status: BTreeMap<u16, Vec<Code>> = BTreeMap::new();
         for c in S::cases() {
-            by_status.entry(c.status.as_u16()).or_default().push(c.code);
+            by_status.entry(c.status().as_u16()).or_default().push(c);
         }
         by_status
             .into_iter()
@@ -290,13 +262,14 @@ impl<S: ErrorSet> IntoResponses for Errors<S> {
 
 /// An error response listing `codes`; `delivery_failed` answers also carry
 /// every sandbox's outcome ([`FailedBody`]).
-fn error_response(codes: &[&'static str]) -> utoipa::openapi::response::Response {
-    let schema = if codes == [DELIVERY_FAILED] {
+fn error_response(codes: &[Code]) -> utoipa::openapi::response::Response {
+    let schema = if codes == [Code::DeliveryFailed] {
         "FailedBody"
     } else {
         "ErrorBody"
     };
-    let listed: Vec<String> = codes.iter().map(|c| format!("`{c}`")).collect();
+    let wire: Vec<&str> = codes.iter().map(|c| c.as_str()).collect();
+    let listed: Vec<String> = wire.iter().map(|c| format!("`{c}`")).collect();
     ResponseBuilder::new()
         .description(format!("Error codes: {}.", listed.join(", ")))
         .content(
@@ -307,7 +280,7 @@ fn error_response(codes: &[&'static str]) -> utoipa::openapi::response::Response
         )
         .extensions(Some(
             ExtensionsBuilder::new()
-                .add(ERROR_CODES_EXTENSION, serde_json::json!(codes))
+                .add(ERROR_CODES_EXTENSION, serde_json::json!(wire))
                 .build(),
         ))
         .build()
@@ -320,7 +293,7 @@ macro_rules! error_set {
         pub(super) struct $name;
 
         impl $crate::api::openapi::ErrorSet for $name {
-            const SETS: &'static [&'static [$crate::api::openapi::ErrorCase]] = &[$($set),*];
+            const SETS: &'static [&'static [$crate::api::error::Code]] = &[$($set),*];
         }
     };
 }
@@ -379,7 +352,7 @@ mod tests {
     use crate::api::ApiError;
     use crate::auth::{AuthError, Scope};
     use crate::bundle::BundleError;
-    use crate::delivery::DeliveryError as D;
+    use crate::delivery::{DeliveryError as D, DeliveryFailure};
     use crate::pool::{BackendError, PoolError as P, Subject};
     use crate::workload::contexts::ContextError as C;
     use crate::workload::WorkloadError as W;
@@ -563,7 +536,7 @@ mod tests {
                     revision: s(),
                 },
                 D::Failed {
-                    reason: s(),
+                    failure: DeliveryFailure::NoReadySandbox { pool: s() },
                     outcomes: Vec::new(),
                 },
                 D::StoreUnavailable(s()),
@@ -603,7 +576,7 @@ mod tests {
         let listed = listed();
         let missing: Vec<String> = answers
             .iter()
-            .map(|e| (e.status().as_u16(), e.code().to_owned()))
+            .map(|e| (e.status().as_u16(), e.code().as_str().to_owned()))
             .filter(|answer| !listed.contains(answer))
             .map(|(status, code)| format!("{status} {code}"))
             .collect();

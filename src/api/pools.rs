@@ -13,10 +13,10 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, ApiResult};
+use super::error::{ApiError, ApiResult, Code};
 use super::json::{self, path_param, GoField, GoKind, GoStruct};
 use super::openapi::{
-    case, error_set, Delegation, Errors, AUTH, BASE, BODY, GO_JSON_BODY, NOT_FOUND, PATH,
+    error_set, Delegation, Errors, AUTH, BASE, BODY, GO_JSON_BODY, NOT_FOUND, PATH,
 };
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
@@ -42,8 +42,8 @@ error_set!(
         BODY,
         GO_JSON_BODY,
         &[
-            case(StatusCode::CONFLICT, "already_exists"),
-            case(StatusCode::TOO_MANY_REQUESTS, "pool_quota_exceeded"),
+            Code::AlreadyExists,
+            Code::PoolQuotaExceeded,
         ],
     ]
 );
@@ -63,7 +63,7 @@ error_set!(
         BASE,
         PATH,
         NOT_FOUND,
-        &[case(StatusCode::CONFLICT, "pool_not_suspendable")],
+        &[Code::PoolNotSuspendable],
     ]
 );
 error_set!(

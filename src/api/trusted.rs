@@ -26,12 +26,12 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, ApiResult};
+use super::error::{ApiError, ApiResult, Code};
 use super::extract::{api_token, bearer_token, SUBJECT_HEADER};
 use super::json::{self, path_param, GoField, GoKind, GoStruct};
 use super::openapi::{
-    case, error_set, BundleBytes, Errors, TrustedSubject, BASE, BODY, GO_JSON_BODY, INTERNAL,
-    NOT_FOUND, PATH, TRUSTED_AUTH,
+    error_set, BundleBytes, Errors, TrustedSubject, BASE, BODY, GO_JSON_BODY, INTERNAL, NOT_FOUND,
+    PATH, TRUSTED_AUTH,
 };
 use crate::app::AppState;
 use crate::auth::{Owner, ServiceCaller};
@@ -59,8 +59,8 @@ error_set!(
         BODY,
         GO_JSON_BODY,
         &[
-            case(StatusCode::CONFLICT, "already_exists"),
-            case(StatusCode::TOO_MANY_REQUESTS, "context_quota_exceeded"),
+            Code::AlreadyExists,
+            Code::ContextQuotaExceeded,
         ],
     ]
 );
@@ -71,7 +71,7 @@ error_set!(
         BASE,
         PATH,
         NOT_FOUND,
-        &[case(StatusCode::CONFLICT, "context_frozen")],
+        &[Code::ContextFrozen],
     ]
 );
 error_set!(
@@ -84,9 +84,9 @@ error_set!(
         GO_JSON_BODY,
         NOT_FOUND,
         &[
-            case(StatusCode::CONFLICT, "upload_in_progress"),
-            case(StatusCode::CONFLICT, "revision_mismatch"),
-            case(StatusCode::CONFLICT, "workload_not_ready"),
+            Code::UploadInProgress,
+            Code::RevisionMismatch,
+            Code::WorkloadNotReady,
         ],
     ]
 );
@@ -103,8 +103,7 @@ error_set!(
 /// `401 unauthorized`: the caller is not a platform service.
 fn unauthorized() -> ApiError {
     ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
+        Code::Unauthorized,
         "valid control-plane bearer token required",
     )
     .with_bearer_challenge()
@@ -123,8 +122,7 @@ fn trusted_subject(state: &AppState, headers: &HeaderMap) -> ApiResult<Owner> {
         .and_then(Owner::delegated)
         .ok_or_else(|| {
             ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_subject",
+                Code::InvalidSubject,
                 "X-Context-Subject must contain a valid delegated kind:name",
             )
         })?;
@@ -384,8 +382,7 @@ pub(super) async fn upload(
         .map(str::trim);
     if media != Some(BUNDLE_MEDIA_TYPE) {
         return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            Code::UnsupportedMediaType,
             format!("content type must be {BUNDLE_MEDIA_TYPE}"),
         ));
     }

@@ -14,10 +14,10 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, ApiResult};
+use super::error::{ApiError, ApiResult, Code};
 use super::extract::{bearer_token, ApiJson};
 use super::openapi::{
-    case, error_set, BundleBytes, Delegation, Errors, AUTH, BASE, BODY, BUNDLE_UPLOAD, INTERNAL,
+    error_set, BundleBytes, Delegation, Errors, AUTH, BASE, BODY, BUNDLE_UPLOAD, INTERNAL,
     JSON_BODY, OBJECT_STORAGE, PATH, UPLOADABLE, WORKLOAD_NOT_FOUND,
 };
 use super::rejection::ApiPath;
@@ -74,10 +74,10 @@ error_set!(
         BODY,
         JSON_BODY,
         &[
-            case(StatusCode::BAD_REQUEST, "workload_name_invalid"),
-            case(StatusCode::BAD_REQUEST, "context_type_invalid"),
-            case(StatusCode::CONFLICT, "workload_name_taken"),
-            case(StatusCode::TOO_MANY_REQUESTS, "workload_quota_exceeded"),
+            Code::WorkloadNameInvalid,
+            Code::ContextTypeInvalid,
+            Code::WorkloadNameTaken,
+            Code::WorkloadQuotaExceeded,
         ],
     ]
 );
@@ -105,8 +105,8 @@ error_set!(
         UPLOADABLE,
         OBJECT_STORAGE,
         &[
-            case(StatusCode::BAD_REQUEST, "revision_invalid"),
-            case(StatusCode::CONFLICT, "revision_mismatch"),
+            Code::RevisionInvalid,
+            Code::RevisionMismatch,
         ],
     ]
 );
@@ -126,15 +126,15 @@ error_set!(
         BUNDLE_UPLOAD,
         OBJECT_STORAGE,
         &[
-            case(StatusCode::UNAUTHORIZED, "token_required"),
-            case(StatusCode::UNAUTHORIZED, "token_invalid"),
-            case(StatusCode::UNAUTHORIZED, "token_expired"),
+            Code::TokenRequired,
+            Code::TokenInvalid,
+            Code::TokenExpired,
         ],
         // Trusted capabilities.
         &[
-            case(StatusCode::UNAUTHORIZED, "unauthorized"),
-            case(StatusCode::NOT_FOUND, "not_found"),
-            case(StatusCode::CONFLICT, "context_frozen"),
+            Code::Unauthorized,
+            Code::NotFound,
+            Code::ContextFrozen,
         ],
     ]
 );
@@ -148,10 +148,10 @@ error_set!(
         WORKLOAD_NOT_FOUND,
         OBJECT_STORAGE,
         &[
-            case(StatusCode::BAD_REQUEST, "revision_invalid"),
-            case(StatusCode::NOT_FOUND, "revision_not_found"),
-            case(StatusCode::CONFLICT, "workload_not_ready"),
-            case(StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable"),
+            Code::RevisionInvalid,
+            Code::RevisionNotFound,
+            Code::WorkloadNotReady,
+            Code::RangeNotSatisfiable,
         ],
     ]
 );
@@ -394,8 +394,7 @@ async fn upload(
         Some(BUNDLE_MEDIA_TYPE | "application/gzip") => {}
         other => {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                Code::UnsupportedMediaType,
                 format!(
                     "bundles are sent as {BUNDLE_MEDIA_TYPE} or application/gzip, not {}",
                     other.unwrap_or("(no Content-Type)")
@@ -411,8 +410,7 @@ async fn upload(
     if let Some(n) = declared.filter(|n| *n > max) {
         // Refused before a byte of the body is read.
         return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "upload_too_large",
+            Code::UploadTooLarge,
             format!("the upload is {n} bytes; the limit is {max} bytes"),
         ));
     }
@@ -489,8 +487,7 @@ async fn download(
                 header_value(&format!("bytes */{len}"))?,
             );
             let err = ApiError::new(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                "range_not_satisfiable",
+                Code::RangeNotSatisfiable,
                 format!("the bundle is {len} bytes; the requested range is outside it"),
             );
             return Ok((out, err).into_response());

@@ -95,7 +95,7 @@ mod session;
 mod targets;
 pub mod view;
 
-pub use error::DeliveryError;
+pub use error::{DeliveryError, DeliveryFailure, SandboxFailure};
 pub use metrics::DeliveryMetrics;
 pub use port::{ExecError, ExecSession, ExecTarget, SandboxExec};
 pub use script::{

@@ -21,18 +21,6 @@ use crate::cache::ByteStream;
 use crate::store::RevisionRecord;
 use crate::workload::{WorkloadError, WorkloadService};
 
-/// A failure to open the bundle: object-storage trouble is the client's to
-/// know (it may retry), anything else is internal.
-fn source_error(e: WorkloadError) -> SendError {
-    match e {
-        WorkloadError::StorageUnavailable(m) => {
-            SendError::Storage(format!("storage_unavailable: {m}"))
-        }
-        WorkloadError::BundleCorrupt(m) => SendError::Storage(format!("bundle_corrupt: {m}")),
-        other => SendError::Source(other.to_string()),
-    }
-}
-
 /// Budget permits are KiB, so a `u32` permit count covers 4 TiB.
 const PERMIT_BYTES: u64 = 1024;
 
@@ -66,14 +54,19 @@ impl InflightBudget {
 /// Why bytes could not be sent.
 #[derive(Debug)]
 pub(super) enum SendError {
-    /// The bundle could not be read (logged; an internal failure).
-    Source(String),
-    /// The object storage holding the bundle is unavailable or holds other
-    /// bytes: the client-facing reason (code and message).
-    Storage(String),
+    /// The bundle could not be opened or read: the workload service's
+    /// typed cause (object-storage trouble is the client's to know, the
+    /// rest is logged and answered generically).
+    Source(WorkloadError),
     /// Writing to the sandbox failed (it may have stopped reading: its
     /// `ERROR` line says why).
     Write(io::Error),
+}
+
+impl From<WorkloadError> for SendError {
+    fn from(e: WorkloadError) -> Self {
+        SendError::Source(e)
+    }
 }
 
 /// The loaded bytes, or the decision to stream them per sandbox.
@@ -151,19 +144,19 @@ impl Payload {
         let bundle = self
             .workloads
             .open_bundle(&self.workload, &self.revision)
-            .await
-            .map_err(source_error)?;
+            .await?;
         bundle
             .stream(0, self.revision.bytes)
             .await
             .map_err(|e| self.source_error(e))
     }
 
+    /// A failure to read the opened bundle, naming it (for the log).
     fn source_error(&self, e: io::Error) -> SendError {
-        SendError::Source(format!(
+        SendError::Source(WorkloadError::Internal(format!(
             "reading bundle {}: {e}",
             self.revision.bundle_digest
-        ))
+        )))
     }
 
     async fn load(&self) -> Result<Loaded, SendError> {
@@ -171,8 +164,7 @@ impl Payload {
         let bundle = self
             .workloads
             .open_bundle(&self.workload, &self.revision)
-            .await
-            .map_err(source_error)?;
+            .await?;
         let from_memory = bundle.is_memory();
         let permit = if from_memory {
             None
@@ -186,7 +178,9 @@ impl Payload {
                 .clone()
                 .acquire_many_owned(permits)
                 .await
-                .map_err(|e| SendError::Source(format!("in-flight budget: {e}")))?;
+                .map_err(|e| {
+                    SendError::Source(WorkloadError::Internal(format!("in-flight budget: {e}")))
+                })?;
             Some(permit)
         };
         let mut stream = bundle

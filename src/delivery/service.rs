@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use super::error::DeliveryError;
+use super::error::{DeliveryError, DeliveryFailure, SandboxFailure};
 use super::flight::KeyedLocks;
 use super::payload::{InflightBudget, Payload};
 use super::port::{ExecError, ExecTarget, SandboxExec};
@@ -275,7 +275,7 @@ impl DeliveryService {
                 let ready: Vec<Member> = members.iter().filter(|m| m.ready).cloned().collect();
                 if ready.is_empty() {
                     return Err(DeliveryError::Failed {
-                        reason: format!("sandbox pool {name:?} has no ready sandbox"),
+                        failure: DeliveryFailure::NoReadySandbox { pool: name.clone() },
                         outcomes: members.into_iter().map(not_ready).collect(),
                     });
                 }
@@ -288,11 +288,12 @@ impl DeliveryService {
             revision.clone(),
             inner.budget.clone(),
         );
-        let outcomes: Vec<SandboxOutcome> = futures::stream::iter(members)
+        let tried: Vec<Tried> = futures::stream::iter(members)
             .map(|m| self.deliver_one(m, &script, &scope, &revision.revision, &payload))
             .buffered(inner.settings.parallelism)
             .collect()
             .await;
+        let (outcomes, failure) = settle(tried);
         let placed: Vec<RunSandbox> = outcomes
             .iter()
             .filter_map(|o| {
@@ -327,13 +328,13 @@ impl DeliveryService {
                 Err(e) => return Err(e.into()),
             }
         }
-        match failure_reason(&outcomes) {
+        match failure {
             None => Ok(Delivered {
                 workload: workload.to_owned(),
                 revision: revision.revision,
                 deliveries: outcomes,
             }),
-            Some(reason) => Err(DeliveryError::Failed { reason, outcomes }),
+            Some(failure) => Err(DeliveryError::Failed { failure, outcomes }),
         }
     }
 
@@ -368,11 +369,12 @@ impl DeliveryService {
             .run(owner, workload, run_id)
             .await?
             .ok_or_else(|| DeliveryError::RunNotFound(run_id.to_owned()))?;
-        let outcomes: Vec<SandboxOutcome> = futures::stream::iter(run.sandboxes.clone())
+        let tried: Vec<Tried> = futures::stream::iter(run.sandboxes.clone())
             .map(|place| self.release_one(&run, place))
             .buffered(inner.settings.parallelism)
             .collect()
             .await;
+        let (outcomes, failure) = settle(tried);
         let released: Vec<String> = outcomes
             .iter()
             .filter(|o| o.error.is_none())
@@ -382,9 +384,9 @@ impl DeliveryService {
             .runs
             .remove_from_run(owner, workload, run_id, &released)
             .await?;
-        match failure_reason(&outcomes) {
+        match failure {
             None => Ok(()),
-            Some(reason) => Err(DeliveryError::Failed { reason, outcomes }),
+            Some(failure) => Err(DeliveryError::Failed { failure, outcomes }),
         }
     }
 
@@ -450,7 +452,7 @@ impl DeliveryService {
         scope: &str,
         revision: &str,
         payload: &Payload,
-    ) -> SandboxOutcome {
+    ) -> Tried {
         let inner = &self.inner;
         let started = Instant::now();
         let mut outcome = SandboxOutcome {
@@ -463,9 +465,8 @@ impl DeliveryService {
             error: None,
         };
         if !member.ready {
-            outcome.error = Some("sandbox_not_ready: the sandbox is not ready".to_owned());
             inner.metrics.delivered("failed", 0, started.elapsed());
-            return outcome;
+            return Tried::failed(outcome, SandboxFailure::NotReady);
         }
         let target = ExecTarget {
             sandbox: member.name.clone(),
@@ -477,7 +478,7 @@ impl DeliveryService {
         let result = tokio::time::timeout(inner.settings.timeout, run).await;
         let took = started.elapsed();
         outcome.duration_ms = took.as_millis() as u64;
-        match result {
+        let failure = match result {
             Ok(Ok(placed)) => {
                 let kind = if placed.cached { "cached" } else { "sent" };
                 inner.metrics.delivered(kind, placed.bytes_sent, took);
@@ -492,21 +493,22 @@ impl DeliveryService {
                 outcome.path = Some(placed.path);
                 outcome.cached = Some(placed.cached);
                 outcome.bytes_sent = placed.bytes_sent;
+                None
             }
             Ok(Err(failure)) => {
                 inner.metrics.delivered("failed", 0, took);
-                outcome.error = Some(self.failed(&member.name, "delivery", &failure));
+                Some(self.failed(&member.name, "delivery", &failure))
             }
             Err(_) => {
                 inner.metrics.delivered("failed", 0, took);
-                outcome.error = Some(timed_out("delivery", inner.settings.timeout));
                 tracing::warn!(sandbox = %member.name, revision, "delivery timed out");
+                Some(timed_out("delivery", inner.settings.timeout))
             }
-        }
-        outcome
+        };
+        Tried { outcome, failure }
     }
 
-    async fn release_one(&self, run: &RunRecord, place: RunSandbox) -> SandboxOutcome {
+    async fn release_one(&self, run: &RunRecord, place: RunSandbox) -> Tried {
         let inner = &self.inner;
         let started = Instant::now();
         let mut outcome = SandboxOutcome {
@@ -528,9 +530,8 @@ impl DeliveryService {
         let script = match render_release(&request) {
             Ok(s) => s,
             Err(e) => {
-                outcome.error = Some("internal_error: the run's record is unusable".to_owned());
                 tracing::error!(run = %run.run_id, error = %e, "rendering the release script");
-                return outcome;
+                return Tried::failed(outcome, SandboxFailure::RecordUnusable);
             }
         };
         let target = ExecTarget {
@@ -550,34 +551,35 @@ impl DeliveryService {
         )
         .await;
         outcome.duration_ms = started.elapsed().as_millis() as u64;
-        match result {
-            Ok(Ok(_)) => {}
+        let failure = match result {
+            Ok(Ok(_)) => None,
             // The sandbox is gone, and the run's view with it.
             Ok(Err(Failure::Exec(ExecError::NotFound(_)))) => {
                 tracing::info!(sandbox = %place.sandbox, run = %run.run_id, "released: the sandbox is gone");
+                None
             }
-            Ok(Err(failure)) => {
-                outcome.error = Some(self.failed(&place.sandbox, "release", &failure));
-            }
-            Err(_) => outcome.error = Some(timed_out("release", inner.settings.timeout)),
-        }
-        inner.metrics.released(outcome.error.is_none());
-        outcome
+            Ok(Err(failure)) => Some(self.failed(&place.sandbox, "release", &failure)),
+            Err(_) => Some(timed_out("release", inner.settings.timeout)),
+        };
+        inner.metrics.released(failure.is_none());
+        Tried { outcome, failure }
     }
 
-    /// Logs a failure with its causes; returns the line a client sees.
-    fn failed(&self, sandbox: &str, what: &str, failure: &Failure) -> String {
+    /// Logs a failure with its causes; returns what a client sees.
+    fn failed(&self, sandbox: &str, what: &str, failure: &Failure) -> SandboxFailure {
         match failure {
             Failure::Exec(e) => tracing::warn!(sandbox, error = %e, "{what}: exec failed"),
+            Failure::Source(
+                e @ (WorkloadError::StorageUnavailable(_) | WorkloadError::BundleCorrupt(_)),
+            ) => tracing::warn!(sandbox, error = %e, "{what}: object storage"),
             Failure::Source(e) => tracing::error!(sandbox, error = %e, "{what}: bundle unreadable"),
-            Failure::Storage(e) => tracing::warn!(sandbox, error = %e, "{what}: object storage"),
             Failure::Write(e) => tracing::warn!(sandbox, error = %e, "{what}: write failed"),
             Failure::Protocol(e) => tracing::warn!(sandbox, error = %e, "{what}: protocol"),
             Failure::Script { code, reason } => {
                 tracing::warn!(sandbox, code, reason, "{what} failed in the sandbox");
             }
         }
-        failure.reason()
+        failure.client_failure()
     }
 }
 
@@ -622,32 +624,58 @@ fn not_ready(m: Member) -> SandboxOutcome {
         cached: None,
         bytes_sent: 0,
         duration_ms: 0,
-        error: Some("sandbox_not_ready: the sandbox is not ready".to_owned()),
+        error: Some(SandboxFailure::NotReady.to_string()),
     }
 }
 
-fn timed_out(what: &str, limit: Duration) -> String {
-    format!(
-        "timeout: the {what} did not finish within {}",
-        humantime::format_duration(limit)
-    )
+fn timed_out(what: &'static str, limit: Duration) -> SandboxFailure {
+    SandboxFailure::TimedOut { what, limit }
 }
 
-/// `None` when every outcome succeeded; else the first failure's reason
-/// (prefixed with the sandbox and the count when there are several).
-fn failure_reason(outcomes: &[SandboxOutcome]) -> Option<String> {
-    let failed: Vec<&SandboxOutcome> = outcomes.iter().filter(|o| o.error.is_some()).collect();
-    let first = failed.first()?;
-    let reason = first.error.clone().unwrap_or_default();
-    if outcomes.len() == 1 {
-        return Some(reason);
+/// One sandbox's outcome (its `error` not yet set), and why it failed.
+struct Tried {
+    outcome: SandboxOutcome,
+    failure: Option<SandboxFailure>,
+}
+
+impl Tried {
+    fn failed(outcome: SandboxOutcome, failure: SandboxFailure) -> Self {
+        Self {
+            outcome,
+            failure: Some(failure),
+        }
     }
-    Some(format!(
-        "{} of {} sandboxes failed; {}: {reason}",
-        failed.len(),
-        outcomes.len(),
-        first.sandbox
-    ))
+}
+
+/// The outcomes, each failure rendered as its line; and `None` when every
+/// sandbox succeeded, else the first failure with the count.
+fn settle(tried: Vec<Tried>) -> (Vec<SandboxOutcome>, Option<DeliveryFailure>) {
+    let of = tried.len();
+    let failed = tried.iter().filter(|t| t.failure.is_some()).count();
+    let mut first = None;
+    let outcomes = tried
+        .into_iter()
+        .map(
+            |Tried {
+                 mut outcome,
+                 failure,
+             }| {
+                if let Some(failure) = failure {
+                    outcome.error = Some(failure.to_string());
+                    if first.is_none() {
+                        first = Some(DeliveryFailure::Sandboxes {
+                            sandbox: outcome.sandbox.clone(),
+                            failure,
+                            failed,
+                            of,
+                        });
+                    }
+                }
+                outcome
+            },
+        )
+        .collect();
+    (outcomes, first)
 }
 
 fn workload_error(name: &str, e: WorkloadError) -> DeliveryError {

@@ -4,9 +4,11 @@
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
+use super::error::SandboxFailure;
 use super::payload::{Payload, SendError};
 use super::port::{ExecError, ExecSession, ExecTarget, SandboxExec};
 use super::script::{parse_line, ScriptLine};
+use crate::workload::WorkloadError;
 
 /// Longest stdout line read; the protocol's lines are far shorter.
 const MAX_LINE: u64 = 8 * 1024;
@@ -22,7 +24,8 @@ pub(super) struct Placed {
     pub(super) bytes_sent: u64,
 }
 
-/// Why a delivery or release in one sandbox failed.
+/// Why a delivery or release in one sandbox failed, with every cause (the
+/// caller logs them); [`Failure::client_failure`] is what a client sees.
 #[derive(Debug)]
 pub(super) enum Failure {
     /// The script refused or failed: its `ERROR` line.
@@ -36,33 +39,34 @@ pub(super) enum Failure {
     Exec(ExecError),
     /// The script broke the protocol (or died without a final line).
     Protocol(String),
-    /// The gateway could not read the bundle.
-    Source(String),
-    /// Object storage could not give the bundle: the reason a client sees.
-    Storage(String),
+    /// The gateway could not open or read the bundle.
+    Source(WorkloadError),
     /// Writing the bundle failed and the script said nothing about it.
     Write(std::io::Error),
 }
 
 impl Failure {
-    /// The one-line reason a client sees. Exec and source causes are
-    /// logged by the caller, not shown.
-    pub(super) fn reason(&self) -> String {
+    /// What a client sees. Exec and source causes are logged by the
+    /// caller, not shown; object-storage trouble is shown (the client may
+    /// retry).
+    pub(super) fn client_failure(&self) -> SandboxFailure {
         match self {
-            Failure::Script { code, reason } => format!("{code}: {reason}"),
-            Failure::Exec(ExecError::NotFound(s)) => format!("sandbox {s} not found"),
-            Failure::Exec(ExecError::Suspended(s)) => {
-                format!("sandbox_suspended: sandbox {s} is suspended; resume its pool first")
+            Failure::Script { code, reason } => SandboxFailure::Script {
+                code: code.clone(),
+                reason: reason.clone(),
+            },
+            Failure::Exec(ExecError::NotFound(s)) => SandboxFailure::NotFound(s.clone()),
+            Failure::Exec(ExecError::Suspended(s)) => SandboxFailure::Suspended(s.clone()),
+            Failure::Exec(ExecError::Transport { .. }) => SandboxFailure::ExecFailed,
+            Failure::Protocol(why) => SandboxFailure::Protocol(why.clone()),
+            Failure::Source(WorkloadError::StorageUnavailable(m)) => {
+                SandboxFailure::StorageUnavailable(m.clone())
             }
-            Failure::Exec(ExecError::Transport { .. }) => {
-                "exec_failed: could not run the delivery script in the sandbox".to_owned()
+            Failure::Source(WorkloadError::BundleCorrupt(m)) => {
+                SandboxFailure::BundleCorrupt(m.clone())
             }
-            Failure::Protocol(why) => format!("protocol_error: {why}"),
-            Failure::Source(_) => "internal_error: the bundle could not be read".to_owned(),
-            Failure::Storage(reason) => reason.clone(),
-            Failure::Write(_) => {
-                "transfer_failed: the sandbox stopped reading the bundle".to_owned()
-            }
+            Failure::Source(_) => SandboxFailure::BundleUnreadable,
+            Failure::Write(_) => SandboxFailure::TransferFailed,
         }
     }
 }
@@ -174,7 +178,6 @@ pub(super) async fn deliver(
         match payload.write_to(&mut *session.stdin).await {
             Ok(()) => {}
             Err(SendError::Source(e)) => return Err(Failure::Source(e)),
-            Err(SendError::Storage(reason)) => return Err(Failure::Storage(reason)),
             // The script may have stopped reading on purpose (disk full):
             // its ERROR line, read next, says why.
             Err(SendError::Write(e)) => write_error = Some(e),

@@ -23,7 +23,8 @@ pub struct SandboxOutcome {
     /// How long this sandbox took, including waiting for a concurrent
     /// delivery of the same revision.
     pub duration_ms: u64,
-    /// Why it failed: one line, e.g. `disk_full: no space left on device …`.
+    /// Why it failed: one line, e.g. `disk_full: no space left on device …`
+    /// (rendered from a [`super::SandboxFailure`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
