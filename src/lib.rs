@@ -25,5 +25,6 @@ pub mod sandbox;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod workload;
 pub mod zerocopy;
