@@ -9,8 +9,9 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::body::{self, path_param};
 use super::error::ApiResult;
-use super::json::{self, path_param, GoField, GoKind, GoStruct};
+use super::json::{self, GoField, GoKind, GoStruct};
 use super::openapi::{
     case, error_set, Delegation, Errors, AUTH, BASE, BODY, GO_JSON_BODY, NOT_FOUND, PATH,
 };
@@ -65,7 +66,7 @@ async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     principal.require(Scope::ContextsWrite)?;
-    let (body, overflow) = json::decode_body(body, &CREATE_REQUEST).await?;
+    let (body, overflow) = body::decode_body(body, &CREATE_REQUEST).await?;
     let req = create_request(&body);
     let owner = state.owner_scope.of(principal.owner());
     let status = state
@@ -73,7 +74,7 @@ async fn create(
         .create_context(&req, &owner)
         .await
         .map_err(|e| overflow.error(e.into()))?;
-    Ok(overflow.response(json::respond(StatusCode::CREATED, &Context::from(&status))))
+    Ok(overflow.response(body::respond(StatusCode::CREATED, &Context::from(&status))))
 }
 
 /// Lists the caller's contexts in a namespace (scope `contexts:read`).
@@ -98,7 +99,7 @@ async fn list(
     let list = ContextList {
         items: items.iter().map(Context::from).collect(),
     };
-    Ok(json::respond(StatusCode::OK, &list))
+    Ok(body::respond(StatusCode::OK, &list))
 }
 
 /// Reads one of the caller's contexts.
@@ -126,7 +127,7 @@ async fn read(
     let (namespace, name) = path_param(path)?;
     let owner = state.owner_scope.of(principal.owner());
     let status = state.pools.get_context(&namespace, &name, &owner).await?;
-    Ok(json::respond(StatusCode::OK, &Context::from(&status)))
+    Ok(body::respond(StatusCode::OK, &Context::from(&status)))
 }
 
 /// Deletes one of the caller's contexts and its volume.

@@ -216,7 +216,7 @@ impl IntoResponse for ApiError {
             error: self.code.to_owned(),
             message: self.message,
         };
-        let mut resp = super::json::respond(self.status, &body);
+        let mut resp = respond(self.status, &body);
         resp.extensions_mut()
             .insert(super::answer::ErrorCode(self.code));
         if let Some(secs) = self.retry_after {
@@ -236,6 +236,24 @@ impl IntoResponse for ApiError {
             );
         }
         resp
+    }
+}
+
+/// A JSON answer as upstream's Go encoder writes it
+/// ([`super::json::encode::to_vec`]):
+/// `Content-Type: application/json`, HTML-safe escapes, a trailing newline.
+pub fn respond<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    match super::json::encode::to_vec(value) {
+        Ok(bytes) => (
+            status,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => ApiError::internal(format!("encoding an answer: {e}")).into_response(),
     }
 }
 
@@ -456,7 +474,7 @@ impl IntoResponse for DeliveryApiError {
                     message,
                     deliveries: outcomes,
                 };
-                let mut resp = super::json::respond(StatusCode::BAD_GATEWAY, &body);
+                let mut resp = respond(StatusCode::BAD_GATEWAY, &body);
                 resp.extensions_mut()
                     .insert(super::answer::ErrorCode(DELIVERY_FAILED));
                 resp

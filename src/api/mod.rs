@@ -2,6 +2,7 @@
 //! authorise, call a service and map the result.
 
 pub mod answer;
+pub mod body;
 mod contexts;
 pub mod decode;
 mod deliveries;

@@ -26,9 +26,10 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::body::{self, path_param};
 use super::error::{ApiError, ApiResult};
 use super::extract::{api_token, bearer_token, SUBJECT_HEADER};
-use super::json::{self, path_param, GoField, GoKind, GoStruct};
+use super::json::{GoField, GoKind, GoStruct};
 use super::openapi::{
     case, error_set, BundleBytes, Errors, TrustedSubject, BASE, BODY, GO_JSON_BODY, INTERNAL,
     NOT_FOUND, PATH, TRUSTED_AUTH,
@@ -179,7 +180,7 @@ async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     let subject = trusted_subject(&state, &headers)?;
-    let (body, overflow) = json::decode_body(body, &super::contexts::CREATE_REQUEST).await?;
+    let (body, overflow) = body::decode_body(body, &super::contexts::CREATE_REQUEST).await?;
     let req = super::contexts::create_request(&body);
     let req = CreateContext {
         name: req.name,
@@ -195,7 +196,7 @@ async fn create(
         .create_context(&subject, &req)
         .await
         .map_err(|e| overflow.error(e.into()))?;
-    let resp = json::respond(StatusCode::CREATED, &view);
+    let resp = body::respond(StatusCode::CREATED, &view);
     Ok(overflow.response(no_store(resp)))
 }
 
@@ -224,7 +225,7 @@ async fn capability(
 ) -> ApiResult<Response> {
     let key = context_key(trusted_subject(&state, &headers)?, path)?;
     let view = state.workloads.context_capability(&key).await?;
-    Ok(no_store(json::respond(StatusCode::CREATED, &view)))
+    Ok(no_store(body::respond(StatusCode::CREATED, &view)))
 }
 
 /// `POST …/freeze` body (upstream's `freezeContextRequest`).
@@ -269,14 +270,14 @@ async fn freeze(
     body: Body,
 ) -> ApiResult<Response> {
     let subject = trusted_subject(&state, &headers)?;
-    let (body, overflow) = json::decode_body(body, &FREEZE_REQUEST).await?;
+    let (body, overflow) = body::decode_body(body, &FREEZE_REQUEST).await?;
     let key = context_key(subject, path).map_err(|e| overflow.error(e))?;
     let view = state
         .workloads
         .freeze_context(&key, &body.string("revision"))
         .await
         .map_err(|e| overflow.error(e.into()))?;
-    Ok(overflow.response(no_store(json::respond(StatusCode::OK, &view))))
+    Ok(overflow.response(no_store(body::respond(StatusCode::OK, &view))))
 }
 
 /// Downloads the bundle of the subject's frozen Context.
@@ -402,5 +403,5 @@ pub(super) async fn upload(
     let ticket = svc.context_upload_ticket(id, token).await?;
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     let view = svc.context_upload(ticket, Box::pin(stream)).await?;
-    Ok(no_store(json::respond(StatusCode::CREATED, &view)))
+    Ok(no_store(body::respond(StatusCode::CREATED, &view)))
 }

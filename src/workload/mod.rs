@@ -27,9 +27,8 @@ mod service;
 mod upload;
 mod view;
 
-pub use admission::{UploadLimits, MAX_CONCURRENT_UPLOADS, UPLOAD_RETRY_AFTER_SECS};
+pub use admission::{UploadLimits, UploadTicket, MAX_CONCURRENT_UPLOADS, UPLOAD_RETRY_AFTER_SECS};
 pub use error::WorkloadError;
-pub use grants::UploadTicket;
 pub use metrics::WorkloadMetrics;
 pub use recovery::RecoveryReport;
 pub use service::{
