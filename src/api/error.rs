@@ -264,9 +264,9 @@ pub type ApiResult<T> = Result<T, ApiError>;
 // Trusted Context domain → API: upstream's `writeContextError` codes.
 // ---------------------------------------------------------------------------
 
-impl From<crate::workload::contexts::ContextError> for ApiError {
-    fn from(err: crate::workload::contexts::ContextError) -> Self {
-        use crate::workload::contexts::ContextError as C;
+impl From<crate::workload::trusted::TrustedContextError> for ApiError {
+    fn from(err: crate::workload::trusted::TrustedContextError) -> Self {
+        use crate::workload::trusted::TrustedContextError as C;
         let msg = err.to_string();
         match err {
             C::Invalid(_) => Self::invalid_request(msg),

@@ -11,19 +11,19 @@
 //! same bytes is never collected between its rename and its commit.
 //!
 //! One concern per file: [`service`] holds the type and its CRUD, `grants`
-//! who may upload, [`contexts`] the trusted (Moca) Contexts mapped onto
+//! who may upload, [`trusted`] the trusted (Moca) Contexts mapped onto
 //! workloads, `admission` how many uploads run at once, `upload` the
 //! upload path, `recovery` blob collection and
 //! start-up recovery.
 
 mod admission;
-pub mod contexts;
 mod error;
 mod grants;
 mod metrics;
 pub mod names;
 mod recovery;
 mod service;
+pub mod trusted;
 mod upload;
 mod view;
 
