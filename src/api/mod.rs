@@ -3,7 +3,6 @@
 
 pub mod answer;
 pub mod body;
-mod contexts;
 pub mod decode;
 mod deliveries;
 pub mod error;
@@ -18,6 +17,7 @@ mod pools;
 mod rejection;
 pub mod request_id;
 mod trusted;
+mod volumes;
 mod workloads;
 
 pub use error::{ApiError, ApiResult};
@@ -43,7 +43,7 @@ fn routes(with_metrics: bool) -> OpenApiRouter<AppState> {
     let mut routes = OpenApiRouter::with_openapi(openapi::Base::openapi())
         .merge(health::router())
         .merge(pools::router())
-        .merge(contexts::router())
+        .merge(volumes::router())
         .merge(workloads::router())
         .merge(trusted::router())
         .merge(deliveries::router())

@@ -170,7 +170,7 @@ fn context_key(
     operation_id = "trustedCreateContext",
     tag = "trusted",
     params(TrustedSubject),
-    request_body = crate::pool::view::CreateContext,
+    request_body = crate::pool::view::CreateContextVolume,
     responses((status = CREATED, description = "The Context.", body = TrustedContextView), Errors<CreateErrors>),
     security(("service" = []), ("serviceShAuth" = []))
 )]
@@ -180,8 +180,8 @@ async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     let subject = trusted_subject(&state, &headers)?;
-    let (body, overflow) = body::decode_body(body, &super::contexts::CREATE_REQUEST).await?;
-    let req = super::contexts::create_request(&body);
+    let (body, overflow) = body::decode_body(body, &super::volumes::CREATE_REQUEST).await?;
+    let req = super::volumes::create_request(&body);
     let req = CreateTrustedContext {
         name: req.name,
         namespace: req.namespace,

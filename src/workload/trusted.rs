@@ -1,4 +1,5 @@
-//! Trusted Contexts: upstream's Moca API mapped onto workloads.
+//! Trusted Contexts: upstream's Moca API mapped onto workloads (not the
+//! named-context volumes of `pool`, [`crate::pool::model::ContextVolumeSpec`]).
 //!
 //! A Context is a workload keyed by the delegated subject, the namespace and
 //! the Context name ([`TrustedKey`]): it is stored under the owner key

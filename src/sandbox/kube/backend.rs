@@ -4,7 +4,7 @@
 //! Writes go straight to the API (create, server-side apply, delete); pool
 //! reads come from the watch caches in [`super::watch`]. Creation lives in
 //! `create` (and the reaping of creates abandoned half-way in `abandoned`),
-//! named contexts in `contexts`; this module holds the type, its API
+//! named contexts in `volumes`; this module holds the type, its API
 //! helpers, reads, waits and deletes.
 
 use std::collections::{HashMap, HashSet};
@@ -19,7 +19,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use crate::pool::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
+use crate::pool::model::{ContextVolumeSpec, ContextVolumeStatus, Member, PoolSpec, PoolStatus};
 use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 use super::crd::{Sandbox, SandboxClaim};
@@ -482,27 +482,33 @@ impl SandboxBackend for KubeBackend {
         }
     }
 
-    async fn create_context(&self, spec: &ContextSpec) -> Result<ContextStatus, BackendError> {
+    async fn create_volume(
+        &self,
+        spec: &ContextVolumeSpec,
+    ) -> Result<ContextVolumeStatus, BackendError> {
         self.create_context_pvc(spec).await
     }
 
-    async fn get_context(
+    async fn get_volume(
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<ContextStatus>, BackendError> {
+    ) -> Result<Option<ContextVolumeStatus>, BackendError> {
         self.context_pvc(namespace, name).await
     }
 
-    async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError> {
+    async fn list_volumes(
+        &self,
+        namespace: &str,
+    ) -> Result<Vec<ContextVolumeStatus>, BackendError> {
         self.list_context_pvcs(Some(namespace)).await
     }
 
-    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+    async fn list_all_volumes(&self) -> Result<Vec<ContextVolumeStatus>, BackendError> {
         self.list_context_pvcs(None).await
     }
 
-    async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
+    async fn delete_volume(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
         self.delete_context_pvc(namespace, name).await
     }
 
