@@ -200,9 +200,7 @@ fn check(
                     continue; // the parent's own item
                 };
                 let parent_name = parent.join("::");
-                let excused = pending
-                    .iter()
-                    .any(|p| *p == (parent_name.as_str(), from.as_str(), to.as_str()));
+                let excused = pending.contains(&(parent_name.as_str(), from.as_str(), to.as_str()));
                 if from != to && !excused {
                     edges
                         .entry((from.clone(), to.clone()))
@@ -600,9 +598,12 @@ fn is_reexport(toks: &[Tok], i: usize) -> bool {
     false
 }
 
+/// The paths of a use tree: segments, alias, line.
+type UsePaths = Vec<(Vec<String>, Option<String>, usize)>;
+
 /// The paths of the use tree starting at `i` (segments, alias, line), and
 /// the index after its `;`.
-fn use_trees(toks: &[Tok], i: usize) -> (Vec<(Vec<String>, Option<String>, usize)>, usize) {
+fn use_trees(toks: &[Tok], i: usize) -> (UsePaths, usize) {
     let text = |k: usize| toks.get(k).map_or("", |t| t.text.as_str());
     let mut out: Out = Vec::new();
     // Prefixes of the open groups.
@@ -610,7 +611,7 @@ fn use_trees(toks: &[Tok], i: usize) -> (Vec<(Vec<String>, Option<String>, usize
     let mut segments: Vec<String> = Vec::new();
     let mut line = toks.get(i).map_or(0, |t| t.line);
     let mut k = i;
-    type Out = Vec<(Vec<String>, Option<String>, usize)>;
+    type Out = UsePaths;
     fn flush(
         segments: &mut Vec<String>,
         stack: &[Vec<String>],
