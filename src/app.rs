@@ -8,18 +8,17 @@ use anyhow::Context as _;
 use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
-use crate::auth::{secret, Authenticator, KeySet, Owner, OwnerScope, ServiceToken, TokenPolicy};
-use crate::bundle::Limits;
-use crate::config::{BackendKind, ServeConfig};
-use crate::delivery::{DeliveryDeps, DeliveryService, DeliverySettings, SandboxExec};
+use crate::auth::{secret, Authenticator, KeySet, Owner, OwnerScope, ServiceToken};
+use crate::config::ServeConfig;
+use crate::delivery::{DeliveryDeps, DeliveryService, SandboxExec};
 use crate::fsutil;
 use crate::metrics::Metrics;
 use crate::pool::metrics::{self as pool_metrics, PoolMetrics};
 use crate::pool::validate::TtlBounds;
 use crate::pool::{reaper, PoolQuotas, PoolService};
-use crate::sandbox::{self, kube::KubeSettings, local::LocalSettings, SandboxSettings};
-use crate::store::{Storage, StorageSettings};
-use crate::workload::{UploadLimits, WorkloadService, WorkloadSettings};
+use crate::sandbox;
+use crate::store::Storage;
+use crate::workload::WorkloadService;
 
 /// Whether the process still takes traffic: cleared when shutdown begins,
 /// so that `/readyz` turns unready before the listener closes. Cheap to
@@ -111,7 +110,7 @@ impl AppState {
         let secret = owner_scope_secret(config)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
         let metrics = Metrics::new();
-        let backend = sandbox::open(sandbox_settings(config), options.kube_client.clone())
+        let backend = sandbox::open(config.sandbox_settings(), options.kube_client.clone())
             .await
             .with_context(|| format!("opening the {:?} sandbox backend", config.backend))?;
         let quotas = PoolQuotas {
@@ -160,128 +159,6 @@ impl AppState {
             deliveries,
             readiness: Readiness::default(),
         })
-    }
-}
-
-/// The sandbox backend `config` selects, with its settings: `local` under
-/// `<data-dir>/local`; `kube` with `--namespace`, `--kube-sandbox-image`,
-/// `--kube-sandbox-service-account`, `--claim-ttl`,
-/// `--kube-claim-pod-label`, `--kube-volume-bind-timeout` and the hidden
-/// `--kube-create-window`, every other setting at its default.
-fn sandbox_settings(config: &ServeConfig) -> SandboxSettings {
-    match config.backend {
-        BackendKind::Local => SandboxSettings::Local(LocalSettings {
-            root: config.data_dir.join("local"),
-            namespace: config.namespace.clone(),
-            warm_pools: config.local_warm_pools.clone(),
-        }),
-        BackendKind::Kube => {
-            let mut settings = KubeSettings::new(
-                config.namespace.clone(),
-                config.kube_sandbox_image.clone().unwrap_or_default(),
-            );
-            settings.sandbox_service_account = config
-                .kube_sandbox_service_account
-                .clone()
-                .filter(|account| !account.is_empty());
-            settings.claim_ttl = config.claim_ttl;
-            settings.claim_pod_label = config.kube_claim_pod_label;
-            settings.create_window = config.kube_create_window;
-            settings.volume_bind_timeout = config.kube_volume_bind_timeout;
-            settings.delivery_container = config
-                .delivery_container
-                .clone()
-                .filter(|container| !container.is_empty());
-            SandboxSettings::Kube(Box::new(settings))
-        }
-    }
-}
-
-/// Each component's settings, derived from the flags here so that settings
-/// flow one way: `config` knows no component, and no component knows
-/// `ServeConfig`.
-impl ServeConfig {
-    /// The workload service's settings.
-    pub fn workload_settings(&self) -> WorkloadSettings {
-        WorkloadSettings {
-            quota: self.workload_quota,
-            grant_ttl: self.upload_grant_ttl,
-            limits: Limits {
-                compressed_bytes: self.bundle_max_bytes,
-                inflated_bytes: self.bundle_max_inflated_bytes,
-                entries: self.bundle_max_entries,
-                file_bytes: self.bundle_max_file_bytes,
-                ..Limits::default()
-            },
-            uploads: UploadLimits {
-                max_concurrent: self.upload_max_concurrent,
-                max_per_owner: self.upload_max_per_owner,
-            },
-            upload_temp_bytes: self.upload_temp_max_bytes,
-            deflate_threads: self.bundle_threads.into(),
-        }
-    }
-
-    /// Where the store keeps metadata and bundles.
-    pub fn storage_settings(&self) -> StorageSettings {
-        StorageSettings {
-            database_url: self.database_url.clone(),
-            blob_url: self.blob_url.clone(),
-            blob_gc_grace: self.blob_gc_grace,
-            blob_local_max_bytes: self.blob_local_max_bytes,
-        }
-    }
-
-    /// The delivery service's settings. The root is taken inside the
-    /// sandbox directory on `local` (made relative to the exec's working
-    /// directory, which is the sandbox directory there).
-    pub fn delivery_settings(&self) -> anyhow::Result<DeliverySettings> {
-        let root = match self.backend {
-            BackendKind::Local => self.delivery_root.trim_start_matches('/').to_owned(),
-            BackendKind::Kube => self.delivery_root.clone(),
-        };
-        let shared_selector = match self.delivery_shared_selector.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(s) => Some(s.parse().context("--delivery-shared-selector")?),
-        };
-        let settings = DeliverySettings {
-            root,
-            retention: self.delivery_retention,
-            timeout: self.delivery_timeout,
-            parallelism: self.delivery_parallelism,
-            inflight_bytes: self.delivery_inflight_bytes,
-            shared_selector,
-        };
-        settings.validate()?;
-        Ok(settings)
-    }
-
-    /// The token policy these settings describe.
-    pub fn token_policy(&self) -> TokenPolicy {
-        TokenPolicy {
-            issuer: self.token_issuer.clone(),
-            audience: self.token_audience.clone(),
-            leeway_secs: self.token_leeway_secs,
-            max_lifetime: self.token_max_lifetime,
-        }
-    }
-
-    /// The per-request time limits.
-    pub fn request_limits(&self) -> crate::api::RequestLimits {
-        crate::api::RequestLimits {
-            body_idle_timeout: self.body_idle_timeout,
-            deadline: self.request_deadline,
-        }
-    }
-
-    /// The connection limits.
-    pub fn connection_limits(&self) -> crate::server::ConnectionLimits {
-        crate::server::ConnectionLimits {
-            header_read_timeout: self.header_read_timeout,
-            max_connections: self.max_connections,
-            max_connections_per_ip: self.max_connections_per_ip,
-            max_requests_per_connection: self.max_requests_per_connection,
-        }
     }
 }
 

@@ -4,6 +4,15 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use anyhow::Context as _;
+
+use crate::auth::TokenPolicy;
+use crate::bundle::Limits;
+use crate::delivery::DeliverySettings;
+use crate::sandbox::{kube::KubeSettings, local::LocalSettings, SandboxSettings};
+use crate::store::StorageSettings;
+use crate::workload::{UploadLimits, WorkloadSettings};
+
 /// Which sandbox backend the allocation engine uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum BackendKind {
@@ -357,5 +366,109 @@ impl ServeConfig {
         config.data_dir = data_dir;
         config.listen = listen;
         config
+    }
+}
+
+/// Each component's settings, derived from the flags beside the flags, so
+/// that settings flow one way: no component knows `ServeConfig`.
+impl ServeConfig {
+    /// The workload service's settings.
+    pub fn workload_settings(&self) -> WorkloadSettings {
+        WorkloadSettings {
+            quota: self.workload_quota,
+            grant_ttl: self.upload_grant_ttl,
+            limits: Limits {
+                compressed_bytes: self.bundle_max_bytes,
+                inflated_bytes: self.bundle_max_inflated_bytes,
+                entries: self.bundle_max_entries,
+                file_bytes: self.bundle_max_file_bytes,
+                ..Limits::default()
+            },
+            uploads: UploadLimits {
+                max_concurrent: self.upload_max_concurrent,
+                max_per_owner: self.upload_max_per_owner,
+            },
+            upload_temp_bytes: self.upload_temp_max_bytes,
+            deflate_threads: self.bundle_threads.into(),
+        }
+    }
+
+    /// Where the store keeps metadata and bundles.
+    pub fn storage_settings(&self) -> StorageSettings {
+        StorageSettings {
+            database_url: self.database_url.clone(),
+            blob_url: self.blob_url.clone(),
+            blob_gc_grace: self.blob_gc_grace,
+            blob_local_max_bytes: self.blob_local_max_bytes,
+        }
+    }
+
+    /// The delivery service's settings. The root is taken inside the
+    /// sandbox directory on `local` (made relative to the exec's working
+    /// directory, which is the sandbox directory there).
+    pub fn delivery_settings(&self) -> anyhow::Result<DeliverySettings> {
+        let root = match self.backend {
+            BackendKind::Local => self.delivery_root.trim_start_matches('/').to_owned(),
+            BackendKind::Kube => self.delivery_root.clone(),
+        };
+        let shared_selector = match self.delivery_shared_selector.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(s) => Some(s.parse().context("--delivery-shared-selector")?),
+        };
+        let settings = DeliverySettings {
+            root,
+            retention: self.delivery_retention,
+            timeout: self.delivery_timeout,
+            parallelism: self.delivery_parallelism,
+            inflight_bytes: self.delivery_inflight_bytes,
+            shared_selector,
+        };
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// The token policy these settings describe.
+    pub fn token_policy(&self) -> TokenPolicy {
+        TokenPolicy {
+            issuer: self.token_issuer.clone(),
+            audience: self.token_audience.clone(),
+            leeway_secs: self.token_leeway_secs,
+            max_lifetime: self.token_max_lifetime,
+        }
+    }
+
+    /// The sandbox backend these settings select, with its settings:
+    /// `local` under `<data-dir>/local`; `kube` with `--namespace`,
+    /// `--kube-sandbox-image`, `--kube-sandbox-service-account`,
+    /// `--claim-ttl`, `--kube-claim-pod-label`, `--kube-volume-bind-timeout`
+    /// and the hidden `--kube-create-window`, every other setting at its
+    /// default.
+    pub fn sandbox_settings(&self) -> SandboxSettings {
+        match self.backend {
+            BackendKind::Local => SandboxSettings::Local(LocalSettings {
+                root: self.data_dir.join("local"),
+                namespace: self.namespace.clone(),
+                warm_pools: self.local_warm_pools.clone(),
+            }),
+            BackendKind::Kube => {
+                let mut settings = KubeSettings::new(
+                    self.namespace.clone(),
+                    self.kube_sandbox_image.clone().unwrap_or_default(),
+                );
+                settings.sandbox_service_account = self
+                    .kube_sandbox_service_account
+                    .clone()
+                    .filter(|account| !account.is_empty());
+                settings.claim_ttl = self.claim_ttl;
+                settings.claim_pod_label = self.kube_claim_pod_label;
+                settings.create_window = self.kube_create_window;
+                settings.volume_bind_timeout = self.kube_volume_bind_timeout;
+                settings.delivery_container = self
+                    .delivery_container
+                    .clone()
+                    .filter(|container| !container.is_empty());
+                SandboxSettings::Kube(Box::new(settings))
+            }
+        }
     }
 }

@@ -58,14 +58,14 @@ impl Server {
             ),
             None => None,
         };
-        let mut connection_limits = config.connection_limits();
+        let mut connection_limits = connection_limits(config);
         connection_limits.max_connections = fit_to_fd_limit(config.max_connections);
         Ok(Self {
             listener,
             metrics_listener,
             state,
             connection_limits,
-            request_limits: config.request_limits(),
+            request_limits: request_limits(config),
             shutdown: ShutdownTimes {
                 grace: config.shutdown_grace,
                 timeout: config.shutdown_timeout,
@@ -161,6 +161,24 @@ pub fn runtime(config: &ServeConfig) -> std::io::Result<tokio::runtime::Runtime>
         .enable_all()
         .max_blocking_threads(config.max_blocking_threads.max(1) as usize)
         .build()
+}
+
+/// The per-request time limits of `config`.
+fn request_limits(config: &ServeConfig) -> RequestLimits {
+    RequestLimits {
+        body_idle_timeout: config.body_idle_timeout,
+        deadline: config.request_deadline,
+    }
+}
+
+/// The connection limits of `config`.
+fn connection_limits(config: &ServeConfig) -> ConnectionLimits {
+    ConnectionLimits {
+        header_read_timeout: config.header_read_timeout,
+        max_connections: config.max_connections,
+        max_connections_per_ip: config.max_connections_per_ip,
+        max_requests_per_connection: config.max_requests_per_connection,
+    }
 }
 
 /// Refuses limits that would make the service unusable.

@@ -8,7 +8,7 @@
 //!   [`ActivateBody`].
 
 use super::json;
-use crate::pool::validate::{CreateContextRequest, CreatePoolRequest};
+use crate::pool::validate::{CreateContextVolumeRequest, CreatePoolRequest};
 
 pub use super::extract::parse_json;
 pub use super::workloads::{ActivateBody, CreateBody as WorkloadCreateBody};
@@ -23,9 +23,9 @@ pub fn pool_create(buf: &[u8], complete: bool) -> Result<CreatePoolRequest, Stri
 
 /// Decodes a create-context body like upstream's
 /// `contextresource.CreateRequest`; see [`pool_create`].
-pub fn context_create(buf: &[u8], complete: bool) -> Result<CreateContextRequest, String> {
-    json::decode_bytes(buf, complete, &super::contexts::CREATE_REQUEST)
-        .map(|body| super::contexts::create_request(&body))
+pub fn context_create(buf: &[u8], complete: bool) -> Result<CreateContextVolumeRequest, String> {
+    json::decode_bytes(buf, complete, &super::volumes::CREATE_REQUEST)
+        .map(|body| super::volumes::create_request(&body))
 }
 
 /// Decodes a trusted freeze body like upstream's `freezeContextRequest`

@@ -13,9 +13,9 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::body::path_param;
 use super::error::{ApiError, ApiResult, Code};
 use super::extract::ApiJson;
-use super::json::path_param;
 use super::openapi::{
     error_set, Delegation, Errors, AUTH, BASE, BODY, DELIVERIES_OFF, JSON_BODY, PATH,
     WORKLOAD_NOT_FOUND,

@@ -365,14 +365,14 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let error = self.code.as_str().to_owned();
         let mut resp = match self.deliveries {
-            None => super::json::respond(
+            None => respond(
                 self.code.status(),
                 &ErrorBody {
                     error,
                     message: self.message,
                 },
             ),
-            Some(deliveries) => super::json::respond(
+            Some(deliveries) => respond(
                 self.code.status(),
                 &FailedBody {
                     error,
@@ -403,6 +403,24 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A JSON answer as upstream's Go encoder writes it
+/// ([`super::json::encode::to_vec`]):
+/// `Content-Type: application/json`, HTML-safe escapes, a trailing newline.
+pub fn respond<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    match super::json::encode::to_vec(value) {
+        Ok(bytes) => (
+            status,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => ApiError::internal(format!("encoding an answer: {e}")).into_response(),
+    }
+}
+
 /// Result type of handlers.
 pub type ApiResult<T> = Result<T, ApiError>;
 
@@ -410,9 +428,9 @@ pub type ApiResult<T> = Result<T, ApiError>;
 // Trusted Context domain → API: upstream's `writeContextError` codes.
 // ---------------------------------------------------------------------------
 
-impl From<crate::workload::contexts::ContextError> for ApiError {
-    fn from(err: crate::workload::contexts::ContextError) -> Self {
-        use crate::workload::contexts::ContextError as C;
+impl From<crate::workload::trusted::TrustedContextError> for ApiError {
+    fn from(err: crate::workload::trusted::TrustedContextError) -> Self {
+        use crate::workload::trusted::TrustedContextError as C;
         let msg = err.to_string();
         match err {
             C::Invalid(_) => Self::invalid_request(msg),

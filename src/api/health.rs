@@ -8,8 +8,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::body;
 use super::error::{ApiError, ApiResult, Code};
-use super::json;
 use super::openapi::{error_set, Errors, BASE};
 use crate::app::AppState;
 use crate::metrics::{self, Metrics};
@@ -55,7 +55,7 @@ error_set!(
     responses((status = OK, description = "The process is live.", body = Health), Errors<HealthzErrors>)
 )]
 async fn healthz() -> Response {
-    json::respond(StatusCode::OK, &Health { status: "ok" })
+    body::respond(StatusCode::OK, &Health { status: "ok" })
 }
 
 /// Readiness.
@@ -80,7 +80,7 @@ async fn readyz(State(state): State<AppState>) -> ApiResult<Response> {
         ));
     }
     state.pools.check_ready().await?;
-    Ok(json::respond(StatusCode::OK, &Health { status: "ready" }))
+    Ok(body::respond(StatusCode::OK, &Health { status: "ready" }))
 }
 
 /// Prometheus metrics (OpenMetrics text).

@@ -2,7 +2,7 @@
 //! authorise, call a service and map the result.
 
 pub mod answer;
-mod contexts;
+pub mod body;
 pub mod decode;
 mod deliveries;
 pub mod error;
@@ -17,6 +17,7 @@ mod pools;
 mod rejection;
 pub mod request_id;
 mod trusted;
+mod volumes;
 mod workloads;
 
 pub use error::{ApiError, ApiResult};
@@ -42,7 +43,7 @@ fn routes(with_metrics: bool) -> OpenApiRouter<AppState> {
     let mut routes = OpenApiRouter::with_openapi(openapi::Base::openapi())
         .merge(health::router())
         .merge(pools::router())
-        .merge(contexts::router())
+        .merge(volumes::router())
         .merge(workloads::router())
         .merge(trusted::router())
         .merge(deliveries::router())

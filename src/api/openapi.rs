@@ -354,7 +354,7 @@ mod tests {
     use crate::bundle::BundleError;
     use crate::delivery::{DeliveryError as D, DeliveryFailure};
     use crate::pool::{BackendError, PoolError as P, Subject};
-    use crate::workload::contexts::ContextError as C;
+    use crate::workload::trusted::TrustedContextError as C;
     use crate::workload::WorkloadError as W;
 
     /// Every (status, code) some operation of the document lists.

@@ -13,8 +13,9 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::body::{self, path_param};
 use super::error::{ApiError, ApiResult, Code};
-use super::json::{self, path_param, GoField, GoKind, GoStruct};
+use super::json::{self, GoField, GoKind, GoStruct};
 use super::openapi::{
     error_set, Delegation, Errors, AUTH, BASE, BODY, GO_JSON_BODY, NOT_FOUND, PATH,
 };
@@ -88,7 +89,7 @@ async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     principal.require(Scope::PoolsWrite)?;
-    let (body, overflow) = json::decode_body(body, &CREATE_REQUEST).await?;
+    let (body, overflow) = body::decode_body(body, &CREATE_REQUEST).await?;
     let req = create_request(&body);
     let owner = state.owner_scope.of(principal.owner());
     let status = state
@@ -96,7 +97,7 @@ async fn create(
         .create(&req, &owner)
         .await
         .map_err(|e| overflow.error(e.into()))?;
-    Ok(overflow.response(json::respond(StatusCode::CREATED, &Pool::from(&status))))
+    Ok(overflow.response(body::respond(StatusCode::CREATED, &Pool::from(&status))))
 }
 
 /// Query of `GET /v1/sandbox-pools/{name}`.
@@ -136,7 +137,7 @@ async fn read(
         Some(timeout) => state.pools.wait(&name, &owner, timeout).await?,
         None => state.pools.get(&name, &owner).await?,
     };
-    Ok(json::respond(StatusCode::OK, &Pool::from(&status)))
+    Ok(body::respond(StatusCode::OK, &Pool::from(&status)))
 }
 
 fn parse_wait(query: &ReadQuery) -> ApiResult<Option<Duration>> {
@@ -174,7 +175,7 @@ async fn list(State(state): State<AppState>, principal: Principal) -> ApiResult<
     let list = PoolList {
         items: pools.iter().map(Pool::from).collect(),
     };
-    Ok(json::respond(StatusCode::OK, &list))
+    Ok(body::respond(StatusCode::OK, &list))
 }
 
 /// Deletes one of the caller's pools and its sandboxes.
@@ -257,7 +258,7 @@ async fn set_suspended(
     let name = path_param(path)?;
     let owner = state.owner_scope.of(principal.owner());
     let status = state.pools.set_suspended(&name, &owner, suspended).await?;
-    Ok(json::respond(StatusCode::OK, &Pool::from(&status)))
+    Ok(body::respond(StatusCode::OK, &Pool::from(&status)))
 }
 
 /// Upstream's `pool.Workspace`.

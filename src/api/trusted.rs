@@ -26,21 +26,22 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::body::{self, path_param};
 use super::error::{ApiError, ApiResult, Code};
 use super::extract::{api_token, bearer_token, SUBJECT_HEADER};
-use super::json::{self, path_param, GoField, GoKind, GoStruct};
+use super::json::{GoField, GoKind, GoStruct};
 use super::openapi::{
     error_set, BundleBytes, Errors, TrustedSubject, BASE, BODY, GO_JSON_BODY, INTERNAL, NOT_FOUND,
     PATH, TRUSTED_AUTH,
 };
 use crate::app::AppState;
 use crate::auth::{Owner, ServiceCaller};
-use crate::workload::contexts::{
-    CapabilityView, ContextError, ContextKey, CreateContext, TrustedContextView,
+use crate::workload::trusted::{
+    CapabilityView, CreateTrustedContext, TrustedContextError, TrustedContextView, TrustedKey,
 };
 use crate::workload::{WorkloadService, BUNDLE_MEDIA_TYPE};
 
-pub(super) use crate::workload::contexts::is_capability_id;
+pub(super) use crate::workload::trusted::is_capability_id;
 
 pub(super) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -148,9 +149,9 @@ fn no_store(mut resp: Response) -> Response {
 fn context_key(
     subject: Owner,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> ApiResult<ContextKey> {
+) -> ApiResult<TrustedKey> {
     let (namespace, name) = path_param(path)?;
-    Ok(ContextKey {
+    Ok(TrustedKey {
         namespace,
         name,
         subject,
@@ -167,7 +168,7 @@ fn context_key(
     operation_id = "trustedCreateContext",
     tag = "trusted",
     params(TrustedSubject),
-    request_body = crate::pool::view::CreateContext,
+    request_body = crate::pool::view::CreateContextVolume,
     responses((status = CREATED, description = "The Context.", body = TrustedContextView), Errors<CreateErrors>),
     security(("service" = []), ("serviceShAuth" = []))
 )]
@@ -177,9 +178,9 @@ async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     let subject = trusted_subject(&state, &headers)?;
-    let (body, overflow) = json::decode_body(body, &super::contexts::CREATE_REQUEST).await?;
-    let req = super::contexts::create_request(&body);
-    let req = CreateContext {
+    let (body, overflow) = body::decode_body(body, &super::volumes::CREATE_REQUEST).await?;
+    let req = super::volumes::create_request(&body);
+    let req = CreateTrustedContext {
         name: req.name,
         namespace: req.namespace,
         kind: req.context_type,
@@ -190,10 +191,10 @@ async fn create(
     };
     let view = state
         .workloads
-        .create_context(&subject, &req)
+        .create_trusted_context(&subject, &req)
         .await
         .map_err(|e| overflow.error(e.into()))?;
-    let resp = json::respond(StatusCode::CREATED, &view);
+    let resp = body::respond(StatusCode::CREATED, &view);
     Ok(overflow.response(no_store(resp)))
 }
 
@@ -221,8 +222,8 @@ async fn capability(
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> ApiResult<Response> {
     let key = context_key(trusted_subject(&state, &headers)?, path)?;
-    let view = state.workloads.context_capability(&key).await?;
-    Ok(no_store(json::respond(StatusCode::CREATED, &view)))
+    let view = state.workloads.trusted_capability(&key).await?;
+    Ok(no_store(body::respond(StatusCode::CREATED, &view)))
 }
 
 /// `POST …/freeze` body (upstream's `freezeContextRequest`).
@@ -267,14 +268,14 @@ async fn freeze(
     body: Body,
 ) -> ApiResult<Response> {
     let subject = trusted_subject(&state, &headers)?;
-    let (body, overflow) = json::decode_body(body, &FREEZE_REQUEST).await?;
+    let (body, overflow) = body::decode_body(body, &FREEZE_REQUEST).await?;
     let key = context_key(subject, path).map_err(|e| overflow.error(e))?;
     let view = state
         .workloads
-        .freeze_context(&key, &body.string("revision"))
+        .freeze_trusted_context(&key, &body.string("revision"))
         .await
         .map_err(|e| overflow.error(e.into()))?;
-    Ok(overflow.response(no_store(json::respond(StatusCode::OK, &view))))
+    Ok(overflow.response(no_store(body::respond(StatusCode::OK, &view))))
 }
 
 /// Downloads the bundle of the subject's frozen Context.
@@ -302,14 +303,14 @@ async fn export(
 ) -> ApiResult<Response> {
     let subject = trusted_subject(&state, &headers)?;
     let (namespace, name, revision) = path_param(path)?;
-    let key = ContextKey {
+    let key = TrustedKey {
         namespace,
         name,
         subject,
     };
     let svc = &state.workloads;
-    let rev = svc.locate_context(&key, &revision).await?;
-    let bundle = svc.open_context_bundle(&key, &rev).await?;
+    let rev = svc.locate_trusted_context(&key, &revision).await?;
+    let bundle = svc.open_trusted_bundle(&key, &rev).await?;
     let stream = bundle
         .stream(0, rev.bytes)
         .await
@@ -362,7 +363,7 @@ async fn remove(
             .map(|(_, v)| v.as_str())
             == Some("true")
     });
-    state.workloads.delete_context(&key, force).await?;
+    state.workloads.delete_trusted_context(&key, force).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -392,12 +393,12 @@ pub(super) async fn upload(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max) {
-        return Err(ContextError::UploadTooLarge(max).into());
+        return Err(TrustedContextError::UploadTooLarge(max).into());
     }
     let token = bearer_token(headers, "upload token")
-        .map_err(|_| ApiError::from(ContextError::CapabilityInvalid))?;
-    let ticket = svc.context_upload_ticket(id, token).await?;
+        .map_err(|_| ApiError::from(TrustedContextError::CapabilityInvalid))?;
+    let ticket = svc.trusted_upload_ticket(id, token).await?;
     let stream = body.into_data_stream().map_err(std::io::Error::other);
-    let view = svc.context_upload(ticket, Box::pin(stream)).await?;
-    Ok(no_store(json::respond(StatusCode::CREATED, &view)))
+    let view = svc.trusted_upload(ticket, Box::pin(stream)).await?;
+    Ok(no_store(body::respond(StatusCode::CREATED, &view)))
 }

@@ -23,7 +23,7 @@ use super::openapi::{
 use super::rejection::ApiPath;
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
-use crate::workload::contexts::UploadResultView;
+use crate::workload::trusted::UploadResultView;
 use crate::workload::{
     CreateWorkload, RevisionView, UploadGrantView, UploadTicket, WorkloadService, WorkloadView,
     BUNDLE_MEDIA_TYPE,

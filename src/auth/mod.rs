@@ -10,13 +10,15 @@ mod error;
 mod keys;
 mod owner;
 mod principal;
+mod scope;
 pub mod secret;
 mod service;
 
 pub use error::AuthError;
 pub use keys::{KeyError, KeySet, VerifyingKey, MIN_RSA_BITS};
 pub use owner::{Owner, OwnerScope, MAX_SUBJECT_NAME};
-pub use principal::{Principal, Scope};
+pub use principal::Principal;
+pub use scope::Scope;
 pub use service::{ServiceCaller, ServiceToken, ServiceTokenError, MIN_SERVICE_TOKEN_BYTES};
 
 use std::collections::HashSet;

@@ -84,7 +84,7 @@ pub(crate) fn verify(
             });
         }
     }
-    let mut buf = vec![0u8; super::canonical::writer::CHUNK];
+    let mut buf = vec![0u8; super::CHUNK];
     for (path, node) in tree.iter() {
         let Node::File(file) = node else { continue };
         let Some(expected) = sums.files.get(path.as_str()) else {

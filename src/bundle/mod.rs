@@ -33,6 +33,11 @@ pub use manifest::{manifest_of_bundle, ManifestError, TreeManifest};
 pub use pack::pack_dir;
 pub use report::{Inspection, Report};
 
+/// Chunk size for copies: large enough that per-call costs vanish. Here,
+/// not in the canonical writer, because the spool and the context layout
+/// copy with it too and sit below the writer.
+pub(crate) const CHUNK: usize = 256 * 1024;
+
 /// Incompressible bytes (xorshift), the same for a given length: test
 /// input for the spool and the compressor.
 #[cfg(test)]

@@ -20,7 +20,7 @@ use std::path::Path;
 use lz4_flex::block::{self as lz4, CompressTable};
 
 use super::budget::{Charge, Charged};
-use super::canonical::writer::CHUNK;
+use super::CHUNK;
 
 /// Raw bytes per block: small enough that reading one small file
 /// decompresses little, large enough to compress well.

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use super::pool::upstream_error;
 use super::{print_doc, ConnectionArgs, OutputFormat};
-use crate::pool::view::{Context, ContextStorage, CreateContext};
+use crate::pool::view::{ContextVolume, ContextVolumeStorage, CreateContextVolume};
 
 /// `contextctl context ...`.
 #[derive(Debug, clap::Args)]
@@ -79,7 +79,7 @@ Examples:
     },
 }
 
-fn line(c: &Context) -> String {
+fn line(c: &ContextVolume) -> String {
     format!(
         "{}/{}: {}, {}, {} {}, claim {}",
         c.namespace,
@@ -97,7 +97,7 @@ fn line(c: &Context) -> String {
 }
 
 /// Prints one context as `output` asks.
-fn show(c: &Context, output: OutputFormat) -> anyhow::Result<()> {
+fn show(c: &ContextVolume, output: OutputFormat) -> anyhow::Result<()> {
     match output {
         OutputFormat::Json | OutputFormat::Yaml => print_doc(c, output)?,
         OutputFormat::Name => println!("context/{}", c.name),
@@ -125,11 +125,11 @@ pub async fn run(
             let storage_class = storage_class
                 .or_else(|| std::env::var(super::pool::STORAGE_CLASS_ENV).ok())
                 .filter(|c| !c.is_empty());
-            let req = CreateContext {
+            let req = CreateContextVolume {
                 name,
                 namespace,
                 context_type,
-                storage: ContextStorage {
+                storage: ContextVolumeStorage {
                     backend: "pvc".to_owned(),
                     size,
                     access_mode: if shared {
@@ -141,19 +141,19 @@ pub async fn run(
                     storage_class,
                 },
             };
-            let created = client.create_context(&req).await.map_err(upstream_error)?;
+            let created = client.create_volume(&req).await.map_err(upstream_error)?;
             show(&created, output)?;
         }
         ContextCommand::Get { name, namespace } => {
             let c = client
-                .get_context(&namespace, &name)
+                .get_volume(&namespace, &name)
                 .await
                 .map_err(upstream_error)?;
             show(&c, output)?;
         }
         ContextCommand::Ls { namespace } => {
             let list = client
-                .list_contexts(&namespace)
+                .list_volumes(&namespace)
                 .await
                 .map_err(upstream_error)?;
             match output {
@@ -169,7 +169,7 @@ pub async fn run(
         }
         ContextCommand::Rm { name, namespace } => {
             client
-                .delete_context(&namespace, &name)
+                .delete_volume(&namespace, &name)
                 .await
                 .map_err(upstream_error)?;
             match output {

@@ -111,10 +111,8 @@ fn transport_summary(err: &reqwest::Error) -> String {
     }
 }
 
-/// Installs the process-wide TLS crypto provider (ring) once.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+// Lives in `tls` (storage uses it too); named here for the client's users.
+pub use crate::tls::install_crypto_provider;
 
 /// A client bound to one service URL and bearer token.
 #[derive(Debug, Clone)]

@@ -5,7 +5,9 @@ use std::time::Duration;
 use reqwest::Method;
 
 use super::{Client, ClientError};
-use crate::pool::view::{Context, ContextList, CreateContext, CreatePool, Pool, PoolList};
+use crate::pool::view::{
+    ContextVolume, ContextVolumeList, CreateContextVolume, CreatePool, Pool, PoolList,
+};
 
 /// Escapes one URL path segment (everything but RFC 3986 unreserved bytes).
 pub fn path_segment(s: &str) -> String {
@@ -74,13 +76,20 @@ impl Client {
     }
 
     /// `POST /v1/contexts`.
-    pub async fn create_context(&self, req: &CreateContext) -> Result<Context, ClientError> {
+    pub async fn create_volume(
+        &self,
+        req: &CreateContextVolume,
+    ) -> Result<ContextVolume, ClientError> {
         self.send_json(self.request(Method::POST, "/v1/contexts").json(req))
             .await
     }
 
     /// `GET /v1/namespaces/{namespace}/contexts/{name}`.
-    pub async fn get_context(&self, namespace: &str, name: &str) -> Result<Context, ClientError> {
+    pub async fn get_volume(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<ContextVolume, ClientError> {
         let path = format!(
             "/v1/namespaces/{}/contexts/{}",
             path_segment(namespace),
@@ -90,13 +99,13 @@ impl Client {
     }
 
     /// `GET /v1/namespaces/{namespace}/contexts`.
-    pub async fn list_contexts(&self, namespace: &str) -> Result<ContextList, ClientError> {
+    pub async fn list_volumes(&self, namespace: &str) -> Result<ContextVolumeList, ClientError> {
         let path = format!("/v1/namespaces/{}/contexts", path_segment(namespace));
         self.send_json(self.request(Method::GET, &path)).await
     }
 
     /// `DELETE /v1/namespaces/{namespace}/contexts/{name}`.
-    pub async fn delete_context(&self, namespace: &str, name: &str) -> Result<(), ClientError> {
+    pub async fn delete_volume(&self, namespace: &str, name: &str) -> Result<(), ClientError> {
         let path = format!(
             "/v1/namespaces/{}/contexts/{}",
             path_segment(namespace),

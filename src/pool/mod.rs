@@ -29,8 +29,8 @@ pub mod view;
 
 pub use error::{PoolError, PoolResult, Subject};
 pub use model::{
-    AccessMode, ContextPhase, ContextSpec, ContextStatus, ContextType, Member, PoolPhase, PoolSpec,
-    PoolStatus, Strategy, WorkspaceView,
+    AccessMode, ContextVolumePhase, ContextVolumeSpec, ContextVolumeStatus, ContextVolumeType,
+    Member, PoolPhase, PoolSpec, PoolStatus, Strategy, WorkspaceView,
 };
 pub use port::{BackendError, SandboxBackend};
 pub use selector::LabelSelector;

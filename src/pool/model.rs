@@ -1,8 +1,8 @@
 //! Validated, backend-neutral types of sandbox pools and named contexts.
 //!
-//! The service validates a request into a [`PoolSpec`] / [`ContextSpec`];
+//! The service validates a request into a [`PoolSpec`] / [`ContextVolumeSpec`];
 //! backends create objects from them and describe what exists as a
-//! [`PoolStatus`] / [`ContextStatus`]. The API layer maps these to the
+//! [`PoolStatus`] / [`ContextVolumeStatus`]. The API layer maps these to the
 //! upstream JSON.
 
 use k8s_openapi::jiff::Timestamp;
@@ -219,7 +219,7 @@ pub struct PoolStatus {
 /// Classification of a named context (metadata only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ContextType {
+pub enum ContextVolumeType {
     /// Mutable working state.
     Workspace,
     /// Agent memory.
@@ -230,24 +230,24 @@ pub enum ContextType {
     Artifacts,
 }
 
-impl ContextType {
+impl ContextVolumeType {
     /// The lowercase spelling used in JSON and labels.
     pub fn as_str(self) -> &'static str {
         match self {
-            ContextType::Workspace => "workspace",
-            ContextType::Memory => "memory",
-            ContextType::Knowledge => "knowledge",
-            ContextType::Artifacts => "artifacts",
+            ContextVolumeType::Workspace => "workspace",
+            ContextVolumeType::Memory => "memory",
+            ContextVolumeType::Knowledge => "knowledge",
+            ContextVolumeType::Artifacts => "artifacts",
         }
     }
 
     /// Parses the exact lowercase spelling.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
-            "workspace" => Some(ContextType::Workspace),
-            "memory" => Some(ContextType::Memory),
-            "knowledge" => Some(ContextType::Knowledge),
-            "artifacts" => Some(ContextType::Artifacts),
+            "workspace" => Some(ContextVolumeType::Workspace),
+            "memory" => Some(ContextVolumeType::Memory),
+            "knowledge" => Some(ContextVolumeType::Knowledge),
+            "artifacts" => Some(ContextVolumeType::Artifacts),
             _ => None,
         }
     }
@@ -255,13 +255,13 @@ impl ContextType {
 
 /// A validated request for a named context (a PVC `context-<name>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContextSpec {
+pub struct ContextVolumeSpec {
     /// Context name: a DNS-1123 label of at most 50 characters.
     pub name: String,
     /// Namespace (a DNS-1123 label).
     pub namespace: String,
     /// Classification.
-    pub context_type: ContextType,
+    pub context_type: ContextVolumeType,
     /// Kubernetes quantity, as requested.
     pub size: String,
     /// Access mode of the volume.
@@ -275,34 +275,34 @@ pub struct ContextSpec {
 /// Where a named context stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ContextPhase {
+pub enum ContextVolumePhase {
     /// The volume is not bound yet.
     Provisioning,
     /// The volume is bound.
     Ready,
 }
 
-impl ContextPhase {
+impl ContextVolumePhase {
     /// `provisioning` or `ready`.
     pub fn as_str(self) -> &'static str {
         match self {
-            ContextPhase::Provisioning => "provisioning",
-            ContextPhase::Ready => "ready",
+            ContextVolumePhase::Provisioning => "provisioning",
+            ContextVolumePhase::Ready => "ready",
         }
     }
 }
 
 /// What a backend reports about a named context.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContextStatus {
+pub struct ContextVolumeStatus {
     /// Context name.
     pub name: String,
     /// Namespace.
     pub namespace: String,
     /// Classification.
-    pub context_type: ContextType,
+    pub context_type: ContextVolumeType,
     /// `provisioning` or `ready`.
-    pub phase: ContextPhase,
+    pub phase: ContextVolumePhase,
     /// Storage request of the volume.
     pub size: String,
     /// First access mode of the volume.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
+use super::model::{ContextVolumeSpec, ContextVolumeStatus, Member, PoolSpec, PoolStatus};
 use super::selector::LabelSelector;
 
 /// Why a backend call failed.
@@ -117,25 +117,29 @@ pub trait SandboxBackend: Send + Sync + 'static {
 
     /// Creates the volume `context-<name>` in `spec.namespace`;
     /// [`BackendError::AlreadyExists`] if that volume exists (whoever made it).
-    async fn create_context(&self, spec: &ContextSpec) -> Result<ContextStatus, BackendError>;
+    async fn create_volume(
+        &self,
+        spec: &ContextVolumeSpec,
+    ) -> Result<ContextVolumeStatus, BackendError>;
 
     /// The named context; `None` when its volume is missing or is not a
     /// managed context volume of that name.
-    async fn get_context(
+    async fn get_volume(
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<ContextStatus>, BackendError>;
+    ) -> Result<Option<ContextVolumeStatus>, BackendError>;
 
     /// Every named context in `namespace` (every owner), sorted by name.
-    async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError>;
+    async fn list_volumes(&self, namespace: &str)
+        -> Result<Vec<ContextVolumeStatus>, BackendError>;
 
     /// Every named context in every namespace (every owner), for the
     /// per-owner context quota.
-    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError>;
+    async fn list_all_volumes(&self) -> Result<Vec<ContextVolumeStatus>, BackendError>;
 
     /// Deletes the named context's volume; `false` when it did not exist.
-    async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError>;
+    async fn delete_volume(&self, namespace: &str, name: &str) -> Result<bool, BackendError>;
 
     /// Every sandbox (of any owner, in the service namespace) whose labels
     /// match `selector`, sorted by name, with its pod and readiness. For

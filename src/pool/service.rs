@@ -10,10 +10,10 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::sync::Notify;
 
 use super::error::{PoolError, PoolResult, Subject};
-use super::model::{ContextStatus, PoolStatus, Strategy};
+use super::model::{ContextVolumeStatus, PoolStatus, Strategy};
 use super::port::{BackendError, SandboxBackend};
 use super::quota::QuotaGate;
-use super::validate::{self, CreateContextRequest, CreatePoolRequest, TtlBounds};
+use super::validate::{self, CreateContextVolumeRequest, CreatePoolRequest, TtlBounds};
 
 /// Longest a `GET ?wait=ready` may hold a request.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -304,18 +304,18 @@ impl PoolService {
     }
 
     /// Validates `req` and creates the named context for `owner_scope`.
-    pub async fn create_context(
+    pub async fn create_volume(
         &self,
-        req: &CreateContextRequest,
+        req: &CreateContextVolumeRequest,
         owner_scope: &str,
-    ) -> PoolResult<ContextStatus> {
+    ) -> PoolResult<ContextVolumeStatus> {
         let spec =
             validate::context(req, owner_scope).map_err(|e| PoolError::Invalid(e.0.into()))?;
         let reservation = match self.quotas.contexts {
             0 => None,
             quota => {
                 let listed = async {
-                    let all = self.backend.list_all_contexts().await.map_err(|e| {
+                    let all = self.backend.list_all_volumes().await.map_err(|e| {
                         PoolError::from_backend(e, Subject::Context, "list contexts".to_owned())
                     })?;
                     Ok(all
@@ -335,7 +335,7 @@ impl PoolService {
         let backend = self.backend.clone();
         let doing = format!("create context {}/{}", spec.namespace, spec.name);
         detached(Subject::Context, doing, async move {
-            let created = backend.create_context(&spec).await;
+            let created = backend.create_volume(&spec).await;
             if let Some(r) = reservation {
                 r.release().await;
             }
@@ -345,28 +345,28 @@ impl PoolService {
     }
 
     /// The caller's named context.
-    pub async fn get_context(
+    pub async fn get_volume(
         &self,
         namespace: &str,
         name: &str,
         owner_scope: &str,
-    ) -> PoolResult<ContextStatus> {
+    ) -> PoolResult<ContextVolumeStatus> {
         self.owned_context(namespace, name, owner_scope)
             .await?
             .ok_or(PoolError::NotFound(Subject::Context))
     }
 
     /// The caller's named contexts in `namespace`, sorted by name.
-    pub async fn list_contexts(
+    pub async fn list_volumes(
         &self,
         namespace: &str,
         owner_scope: &str,
-    ) -> PoolResult<Vec<ContextStatus>> {
+    ) -> PoolResult<Vec<ContextVolumeStatus>> {
         // A namespace that cannot exist holds nothing; never pass it on.
         if !validate::is_dns1123_label(namespace) {
             return Ok(Vec::new());
         }
-        let mut items = self.backend.list_contexts(namespace).await.map_err(|e| {
+        let mut items = self.backend.list_volumes(namespace).await.map_err(|e| {
             PoolError::from_backend(e, Subject::Context, format!("list contexts in {namespace}"))
         })?;
         items.retain(|c| c.owner_scope == owner_scope);
@@ -376,7 +376,7 @@ impl PoolService {
 
     /// Deletes the caller's named context; [`PoolError::NotFound`] when the
     /// caller has none.
-    pub async fn delete_context(
+    pub async fn delete_volume(
         &self,
         namespace: &str,
         name: &str,
@@ -393,7 +393,7 @@ impl PoolService {
         let (ns, n) = (namespace.to_owned(), name.to_owned());
         let doing = format!("delete context {namespace}/{name}");
         let deleted = detached(Subject::Context, doing, async move {
-            backend.delete_context(&ns, &n).await
+            backend.delete_volume(&ns, &n).await
         })
         .await?;
         if !deleted {
@@ -419,13 +419,13 @@ impl PoolService {
         namespace: &str,
         name: &str,
         owner_scope: &str,
-    ) -> PoolResult<Option<ContextStatus>> {
+    ) -> PoolResult<Option<ContextVolumeStatus>> {
         if !validate::is_pool_name(name) || !validate::is_dns1123_label(namespace) {
             return Ok(None);
         }
         let status = self
             .backend
-            .get_context(namespace, name)
+            .get_volume(namespace, name)
             .await
             .map_err(|e| {
                 PoolError::from_backend(
@@ -473,7 +473,7 @@ mod tests {
 
     use super::*;
     use crate::pool::error::{CONTEXT_EXISTS, POOL_NOT_FOUND};
-    use crate::pool::model::{ContextSpec, PoolSpec};
+    use crate::pool::model::{ContextVolumeSpec, PoolSpec};
     use crate::pool::validate::WorkspaceRequest;
 
     /// Fails creation half-way after a delay, then "rolls back".
@@ -510,23 +510,26 @@ mod tests {
         ) -> Result<Option<PoolStatus>, BackendError> {
             Ok(None)
         }
-        async fn create_context(&self, _: &ContextSpec) -> Result<ContextStatus, BackendError> {
+        async fn create_volume(
+            &self,
+            _: &ContextVolumeSpec,
+        ) -> Result<ContextVolumeStatus, BackendError> {
             Err(BackendError::AlreadyExists)
         }
-        async fn get_context(
+        async fn get_volume(
             &self,
             _: &str,
             _: &str,
-        ) -> Result<Option<ContextStatus>, BackendError> {
+        ) -> Result<Option<ContextVolumeStatus>, BackendError> {
             Ok(None)
         }
-        async fn list_contexts(&self, _: &str) -> Result<Vec<ContextStatus>, BackendError> {
+        async fn list_volumes(&self, _: &str) -> Result<Vec<ContextVolumeStatus>, BackendError> {
             Ok(Vec::new())
         }
-        async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+        async fn list_all_volumes(&self) -> Result<Vec<ContextVolumeStatus>, BackendError> {
             Ok(Vec::new())
         }
-        async fn delete_context(&self, _: &str, _: &str) -> Result<bool, BackendError> {
+        async fn delete_volume(&self, _: &str, _: &str) -> Result<bool, BackendError> {
             Ok(false)
         }
         async fn reap_abandoned(&self, _: Timestamp) -> Result<Option<Timestamp>, BackendError> {
@@ -601,7 +604,7 @@ mod tests {
             matches!(&err, PoolError::Internal { doing, .. } if doing == "create sandbox pool p (dedicated)"),
             "{err:?}"
         );
-        let ctx = CreateContextRequest {
+        let ctx = CreateContextVolumeRequest {
             name: "c".into(),
             namespace: "ns".into(),
             context_type: "memory".into(),
@@ -612,7 +615,7 @@ mod tests {
                 storage_class: String::new(),
             },
         };
-        let err = service.create_context(&ctx, "o").await.unwrap_err();
+        let err = service.create_volume(&ctx, "o").await.unwrap_err();
         assert!(matches!(err, PoolError::AlreadyExists(Subject::Context)));
         assert_eq!(err.to_string(), CONTEXT_EXISTS);
         // Missing and invalid names are simply absent, for delete too.
@@ -621,7 +624,7 @@ mod tests {
         assert_eq!(err.to_string(), POOL_NOT_FOUND);
         let err = service.delete("p", "o").await.unwrap_err();
         assert!(matches!(err, PoolError::NotFound(Subject::Pool)));
-        let err = service.delete_context("ns", "c", "o").await.unwrap_err();
+        let err = service.delete_volume("ns", "c", "o").await.unwrap_err();
         assert!(matches!(err, PoolError::NotFound(Subject::Context)));
     }
 }

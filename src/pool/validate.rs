@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::model::{AccessMode, ContextSpec, ContextType, PoolSpec, Strategy};
+use super::model::{AccessMode, ContextVolumeSpec, ContextVolumeType, PoolSpec, Strategy};
 use super::quantity;
 
 /// Longest pool or context name: keeps `<name>-workspace-99` within 63.
@@ -46,7 +46,7 @@ pub struct WorkspaceRequest {
 
 /// A create-context request as decoded from JSON, before validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CreateContextRequest {
+pub struct CreateContextVolumeRequest {
     /// `name`.
     pub name: String,
     /// `namespace`.
@@ -241,14 +241,17 @@ pub fn short_duration(d: Duration) -> String {
 }
 
 /// Validates a create-context request into a spec for `owner_scope`.
-pub fn context(req: &CreateContextRequest, owner_scope: &str) -> Result<ContextSpec, Invalid> {
+pub fn context(
+    req: &CreateContextVolumeRequest,
+    owner_scope: &str,
+) -> Result<ContextVolumeSpec, Invalid> {
     if !is_pool_name(&req.name) {
         return Err(Invalid(NAME_MESSAGE));
     }
     if !is_dns1123_label(&req.namespace) {
         return Err(Invalid("namespace must be a lowercase Kubernetes name"));
     }
-    let Some(context_type) = ContextType::parse(&req.context_type) else {
+    let Some(context_type) = ContextVolumeType::parse(&req.context_type) else {
         return Err(Invalid(
             "type must be workspace, memory, knowledge, or artifacts",
         ));
@@ -268,7 +271,7 @@ pub fn context(req: &CreateContextRequest, owner_scope: &str) -> Result<ContextS
             "storage.accessMode must be ReadWriteOnce or ReadWriteMany",
         ));
     };
-    Ok(ContextSpec {
+    Ok(ContextVolumeSpec {
         name: req.name.clone(),
         namespace: req.namespace.clone(),
         context_type,

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::model::{ContextStatus, PoolStatus};
+use super::model::{ContextVolumeStatus, PoolStatus};
 use super::names;
 use super::quantity;
 
@@ -161,7 +161,9 @@ pub struct CreateWorkspace {
 
 /// A named context resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Context {
+// The schema keeps the wire name of `/openapi.json`.
+#[schema(as = Context)]
+pub struct ContextVolume {
     /// Context name.
     pub name: String,
     /// Namespace.
@@ -172,7 +174,7 @@ pub struct Context {
     /// `provisioning` or `ready`.
     pub status: String,
     /// The storage.
-    pub storage: ContextStorage,
+    pub storage: ContextVolumeStorage,
     /// How to attach it.
     pub attachment: Attachment,
 }
@@ -180,7 +182,9 @@ pub struct Context {
 /// The `storage` object of a context (also of a create-context request).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct ContextStorage {
+// The schema keeps the wire name of `/openapi.json`.
+#[schema(as = ContextStorage)]
+pub struct ContextVolumeStorage {
     /// Always `pvc`.
     pub backend: String,
     /// Size.
@@ -205,14 +209,18 @@ pub struct Attachment {
 
 /// `GET /v1/namespaces/{ns}/contexts`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct ContextList {
+// The schema keeps the wire name of `/openapi.json`.
+#[schema(as = ContextList)]
+pub struct ContextVolumeList {
     /// The caller's contexts, by name.
-    pub items: Vec<Context>,
+    pub items: Vec<ContextVolume>,
 }
 
 /// A create-context request body.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct CreateContext {
+// The schema keeps the wire name of `/openapi.json`.
+#[schema(as = CreateContext)]
+pub struct CreateContextVolume {
     /// Context name.
     pub name: String,
     /// Namespace.
@@ -221,17 +229,17 @@ pub struct CreateContext {
     #[serde(rename = "type")]
     pub context_type: String,
     /// Storage.
-    pub storage: ContextStorage,
+    pub storage: ContextVolumeStorage,
 }
 
-impl From<&ContextStatus> for Context {
-    fn from(s: &ContextStatus) -> Self {
-        Context {
+impl From<&ContextVolumeStatus> for ContextVolume {
+    fn from(s: &ContextVolumeStatus) -> Self {
+        ContextVolume {
             name: s.name.clone(),
             namespace: s.namespace.clone(),
             context_type: s.context_type.as_str().to_owned(),
             status: s.phase.as_str().to_owned(),
-            storage: ContextStorage {
+            storage: ContextVolumeStorage {
                 backend: "pvc".to_owned(),
                 size: quantity::canonical_or_same(&s.size),
                 access_mode: s.access_mode.clone(),

@@ -147,7 +147,7 @@ impl ObjectBlobs {
         let prefix = parsed.path().trim_matches('/').to_owned();
         // reqwest is built without a TLS provider of its own: https endpoints
         // use the process-wide one (ring).
-        crate::client::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let mut builder = AmazonS3Builder::from_env().with_bucket_name(&bucket);
         // SeaweedFS, MinIO and RGW serve buckets by path, not by host name.
         if std::env::var_os("AWS_VIRTUAL_HOSTED_STYLE_REQUEST").is_none() {

@@ -14,7 +14,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{UploadTicket, WorkloadError};
+use super::WorkloadError;
+
+/// Who may upload, as established before the body is read.
+#[derive(Debug, Clone)]
+pub struct UploadTicket {
+    pub(super) owner: String,
+    pub(super) name: String,
+    pub(super) uid: String,
+    pub(super) grant_id: Option<String>,
+}
 
 /// Highest `--upload-max-concurrent`: half of tokio's default blocking
 /// pool (512), leaving the rest to store calls and downloads.

@@ -7,17 +7,10 @@ use subtle::ConstantTimeEq;
 
 use super::service::not_ready;
 use super::state::{now_ms, random_bytes, sha256_hex, Inner};
-use super::{rfc3339, UploadGrantView, WorkloadError, WorkloadService, BUNDLE_MEDIA_TYPE};
+use super::{
+    rfc3339, UploadGrantView, UploadTicket, WorkloadError, WorkloadService, BUNDLE_MEDIA_TYPE,
+};
 use crate::store::{GrantRecord, WorkloadRecord, WorkloadStatus};
-
-/// Who may upload, as established before the body is read.
-#[derive(Debug, Clone)]
-pub struct UploadTicket {
-    pub(super) owner: String,
-    pub(super) name: String,
-    pub(super) uid: String,
-    pub(super) grant_id: Option<String>,
-}
 
 impl WorkloadService {
     /// A fresh upload grant for the owner's workload `name`.

@@ -11,7 +11,7 @@
 //! same bytes is never collected between its rename and its commit.
 //!
 //! One concern per file: [`service`] holds the type and its CRUD, `grants`
-//! who may upload, [`contexts`] the trusted (Moca) Contexts mapped onto
+//! who may upload, [`trusted`] the trusted (Moca) Contexts mapped onto
 //! workloads, `admission` how many uploads run at once, `upload` the
 //! upload path, `recovery` blob collection and
 //! start-up recovery, `state` the shared state they all work on. The
@@ -19,7 +19,6 @@
 //! [`crate::store::Storage`]'s business.
 
 mod admission;
-pub mod contexts;
 mod error;
 mod grants;
 mod metrics;
@@ -28,12 +27,12 @@ mod recovery;
 mod service;
 mod settings;
 mod state;
+pub mod trusted;
 mod upload;
 mod view;
 
-pub use admission::{UploadLimits, MAX_CONCURRENT_UPLOADS, UPLOAD_RETRY_AFTER_SECS};
+pub use admission::{UploadLimits, UploadTicket, MAX_CONCURRENT_UPLOADS, UPLOAD_RETRY_AFTER_SECS};
 pub use error::WorkloadError;
-pub use grants::UploadTicket;
 pub use metrics::WorkloadMetrics;
 pub use recovery::RecoveryReport;
 pub use service::{CreateWorkload, WorkloadService};

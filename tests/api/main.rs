@@ -36,6 +36,7 @@ mod deploy_files;
 mod dockerfile;
 mod hardening;
 mod hs256_secret;
+mod layers;
 mod monitoring;
 mod object_blobs;
 mod object_storage;

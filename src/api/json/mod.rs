@@ -12,14 +12,6 @@
 //! it onto a struct description with Go's type and unknown-field errors,
 //! [`encode`] writes answers like Go's encoder.
 
-use axum::body::Body;
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use http_body_util::BodyExt as _;
-use serde::Serialize;
-
-use super::error::ApiError;
-
 pub mod decode;
 pub mod encode;
 mod quote;
@@ -35,22 +27,6 @@ pub const MAX_BODY: usize = 1 << 20;
 /// Go's `MaxBytesError` text.
 const TOO_LARGE: &str = "http: request body too large";
 
-/// Reads the first JSON value of `body` (within [`MAX_BODY`] bytes) and
-/// decodes it into `schema`, as upstream's handlers do; every failure is
-/// `400 invalid_request` with Go's message. The [`Overflow`] tells whether
-/// the answer must close the connection (the body went past the limit).
-pub async fn decode_body(
-    body: Body,
-    schema: &'static GoStruct,
-) -> Result<(Decoded, Overflow), ApiError> {
-    let (buf, complete) = read_limited(body).await?;
-    let overflow = Overflow(!complete);
-    match decode_bytes(&buf, complete, schema) {
-        Ok(decoded) => Ok((decoded, overflow)),
-        Err(message) => Err(overflow.error(ApiError::invalid_request(message))),
-    }
-}
-
 /// Decodes the first JSON value of `buf` into `schema`; `complete` is
 /// false when the body went on past `buf` (the limit). `Err` is Go's
 /// message.
@@ -64,91 +40,5 @@ pub fn decode_bytes(
         // The first value did not end within the limit.
         Ok(None) => Err(TOO_LARGE.to_owned()),
         Err(e) => Err(e.message().to_owned()),
-    }
-}
-
-/// Whether a request body went past [`MAX_BODY`]. Like Go's server, the
-/// answer then says `Connection: close`; the rest of the body was read
-/// (up to [`DRAIN_LIMIT`]) so the connection closes cleanly, without a
-/// reset that could destroy the answer before the client reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Overflow(bool);
-
-impl Overflow {
-    /// `err`, closing the connection if the body overflowed.
-    pub fn error(self, err: ApiError) -> ApiError {
-        if self.0 {
-            err.closing()
-        } else {
-            err
-        }
-    }
-
-    /// `resp`, closing the connection if the body overflowed.
-    pub fn response(self, mut resp: Response) -> Response {
-        if self.0 {
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        resp
-    }
-}
-
-/// How much of an overflowing body is read and dropped before answering.
-pub const DRAIN_LIMIT: usize = 16 << 20;
-
-/// At most [`MAX_BODY`] bytes of `body`, and whether that was all of it
-/// (the rest, if any, is drained up to [`DRAIN_LIMIT`]).
-async fn read_limited(body: Body) -> Result<(Vec<u8>, bool), ApiError> {
-    let mut body = body;
-    let mut buf = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| ApiError::invalid_request(format!("reading the body: {e}")))?;
-        if let Ok(data) = frame.into_data() {
-            let room = MAX_BODY - buf.len();
-            if data.len() > room {
-                buf.extend_from_slice(&data[..room]);
-                drain(body, data.len() - room).await;
-                return Ok((buf, false));
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    Ok((buf, true))
-}
-
-/// Reads and drops the rest of `body`, at most [`DRAIN_LIMIT`] bytes.
-async fn drain(mut body: Body, mut seen: usize) {
-    while seen < DRAIN_LIMIT {
-        match body.frame().await {
-            Some(Ok(frame)) => seen += frame.data_ref().map_or(0, bytes::Bytes::len),
-            _ => return,
-        }
-    }
-}
-
-/// A path parameter, or its rejection as an API error (see
-/// `api::rejection`).
-pub fn path_param<T>(
-    path: Result<axum::extract::Path<T>, axum::extract::rejection::PathRejection>,
-) -> Result<T, ApiError> {
-    path.map(|axum::extract::Path(v)| v).map_err(ApiError::from)
-}
-
-/// A JSON answer as upstream's Go encoder writes it ([`encode::to_vec`]):
-/// `Content-Type: application/json`, HTML-safe escapes, a trailing newline.
-pub fn respond<T: Serialize>(status: StatusCode, value: &T) -> Response {
-    match encode::to_vec(value) {
-        Ok(bytes) => (
-            status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            bytes,
-        )
-            .into_response(),
-        Err(e) => ApiError::internal(format!("encoding an answer: {e}")).into_response(),
     }
 }

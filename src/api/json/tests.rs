@@ -16,7 +16,7 @@ fn decodes_like_go_encoding_json() {
         }
         let schema = match row[0].as_str().unwrap() {
             "pool" => &crate::api::pools::CREATE_REQUEST,
-            _ => &crate::api::contexts::CREATE_REQUEST,
+            _ => &crate::api::volumes::CREATE_REQUEST,
         };
         let mut body = row[1].as_str().unwrap().as_bytes().to_vec();
         let pad = row[2].as_str().unwrap();

@@ -11,9 +11,7 @@
 use std::io::{self, Read, Write};
 
 use super::pipeline::{is_big, Pipeline};
-
-/// Chunk size for copies: large enough that per-call costs vanish.
-pub(crate) const CHUNK: usize = 256 * 1024;
+use crate::bundle::CHUNK;
 
 /// A sha256 digest as 64 lowercase hex digits.
 pub(crate) fn hex(digest: &[u8]) -> String {

@@ -4,10 +4,10 @@
 //! Writes go straight to the API (create, server-side apply, delete); pool
 //! reads come from the watch caches in [`super::watch`]. Creation lives in
 //! `create` (and the reaping of creates abandoned half-way in `abandoned`),
-//! named contexts in `contexts`; this module holds the type, its API
+//! named contexts in `volumes`; this module holds the type, its API
 //! helpers, reads, waits and deletes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -19,10 +19,9 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use crate::pool::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
+use crate::pool::model::{ContextVolumeSpec, ContextVolumeStatus, Member, PoolSpec, PoolStatus};
 use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
-use super::binding::BindingModes;
 use super::crd::{Sandbox, SandboxClaim};
 use super::objects;
 use super::settings::KubeSettings;
@@ -483,27 +482,33 @@ impl SandboxBackend for KubeBackend {
         }
     }
 
-    async fn create_context(&self, spec: &ContextSpec) -> Result<ContextStatus, BackendError> {
+    async fn create_volume(
+        &self,
+        spec: &ContextVolumeSpec,
+    ) -> Result<ContextVolumeStatus, BackendError> {
         self.create_context_pvc(spec).await
     }
 
-    async fn get_context(
+    async fn get_volume(
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<ContextStatus>, BackendError> {
+    ) -> Result<Option<ContextVolumeStatus>, BackendError> {
         self.context_pvc(namespace, name).await
     }
 
-    async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError> {
+    async fn list_volumes(
+        &self,
+        namespace: &str,
+    ) -> Result<Vec<ContextVolumeStatus>, BackendError> {
         self.list_context_pvcs(Some(namespace)).await
     }
 
-    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+    async fn list_all_volumes(&self) -> Result<Vec<ContextVolumeStatus>, BackendError> {
         self.list_context_pvcs(None).await
     }
 
-    async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
+    async fn delete_volume(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
         self.delete_context_pvc(namespace, name).await
     }
 
@@ -579,6 +584,42 @@ pub(super) fn create_error(error: kube::Error, context: impl Into<String>) -> Ba
 /// A 404: the object (or its resource type) does not exist.
 pub(super) fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.is_not_found() || status.code == 404)
+}
+
+// The binding modes are state of the backend; `binding` reads and fills
+// them (and so sits above this module).
+/// When a storage class binds its claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BindingMode {
+    /// As soon as the claim exists: wait for `Bound` before the pod.
+    Immediate,
+    /// Once a pod using the claim is scheduled: never wait.
+    WaitForFirstConsumer,
+    /// Not known (no class, class missing, not allowed to read it): don't wait.
+    Unknown,
+}
+
+/// The binding mode of each storage class this process has looked up. A
+/// class's `volumeBindingMode` is immutable, so an answer holds for the
+/// life of the process; only transient failures are asked again.
+#[derive(Debug, Default)]
+pub(super) struct BindingModes(Mutex<HashMap<String, BindingMode>>);
+
+impl BindingModes {
+    pub(super) fn get(&self, class: &str) -> Option<BindingMode> {
+        self.lock().get(class).copied()
+    }
+
+    pub(super) fn insert(&self, class: &str, mode: BindingMode) {
+        self.lock().insert(class.to_owned(), mode);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BindingMode>> {
+        // A map of immutable facts stays valid even if a holder panicked.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Names of pools being created right now in this process.

@@ -11,27 +11,13 @@
 //! whose mode cannot be read (no RBAC for StorageClasses, no class at all)
 //! is not waited for, as before.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 use tokio::time::Instant;
 
-use super::backend::{is_not_found, KubeBackend};
-
-/// When a storage class binds its claims.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum BindingMode {
-    /// As soon as the claim exists: wait for `Bound` before the pod.
-    Immediate,
-    /// Once a pod using the claim is scheduled: never wait.
-    WaitForFirstConsumer,
-    /// Not known (no class, class missing, not allowed to read it): don't wait.
-    Unknown,
-}
+use super::backend::{is_not_found, BindingMode, KubeBackend};
 
 impl BindingMode {
     /// The mode a StorageClass declares; Kubernetes' default is `Immediate`.
@@ -41,29 +27,6 @@ impl BindingMode {
             Some("WaitForFirstConsumer") => BindingMode::WaitForFirstConsumer,
             Some(_) => BindingMode::Unknown,
         }
-    }
-}
-
-/// The binding mode of each storage class this process has looked up. A
-/// class's `volumeBindingMode` is immutable, so an answer holds for the
-/// life of the process; only transient failures are asked again.
-#[derive(Debug, Default)]
-pub(super) struct BindingModes(Mutex<HashMap<String, BindingMode>>);
-
-impl BindingModes {
-    fn get(&self, class: &str) -> Option<BindingMode> {
-        self.lock().get(class).copied()
-    }
-
-    fn insert(&self, class: &str, mode: BindingMode) {
-        self.lock().insert(class.to_owned(), mode);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BindingMode>> {
-        // A map of immutable facts stays valid even if a holder panicked.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -7,7 +7,7 @@
 //! - [`watch`]: reflector caches and change notifications, and
 //!   `watch_health`: whether their watches run (for readiness);
 //! - [`backend`]: [`KubeBackend`], the [`crate::pool::SandboxBackend`];
-//!   `create`, `lifecycle` and `contexts` add pool creation, suspend and
+//!   `create`, `lifecycle` and `volumes` add pool creation, suspend and
 //!   resume, and named contexts to it; `abandoned` deletes what a create
 //!   left when its process died half-way (for the reaper); `binding` makes
 //!   a create wait for its volumes to bind before their sandboxes;
@@ -16,7 +16,6 @@
 mod abandoned;
 pub mod backend;
 mod binding;
-mod contexts;
 pub mod crd;
 mod create;
 mod delete;
@@ -25,6 +24,7 @@ mod lifecycle;
 pub mod objects;
 pub mod settings;
 pub mod status;
+mod volumes;
 pub mod watch;
 mod watch_health;
 

@@ -21,7 +21,10 @@ use tokio::task::JoinHandle;
 use crate::pool::names;
 
 use super::crd::{Sandbox, SandboxClaim};
+// `Kind` lives with the object builders (which `status` reads too); it
+// is named here for the creates that record what they made.
 use super::objects::managed_selector;
+pub use super::objects::Kind;
 use super::status::PoolObjects;
 use super::watch_health::{KindHealth, WatchHealth, WatchUnhealthy};
 
@@ -345,17 +348,6 @@ impl Caches {
             Kind::Pvc => self.pvcs.get(&ObjectRef::new(name).within(ns)).is_some(),
         })
     }
-}
-
-/// The kinds of object a create makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A SandboxClaim.
-    Claim,
-    /// A Sandbox.
-    Sandbox,
-    /// A PersistentVolumeClaim.
-    Pvc,
 }
 
 /// The objects one create made, in the order the API accepted them. Shared

@@ -28,10 +28,9 @@
 //! `records` (the JSON records), `plan` (what a spec creates),
 //! `reservation` (conflicts and names in flight), `create` (creation and
 //! rollback), `delete` (deletion and crash recovery), `status` and
-//! `contexts`, and `exec` (the delivery exec port). This module holds the backend type and the trait
+//! `volumes`, and `exec` (the delivery exec port). This module holds the backend type and the trait
 //! implementation, which runs each operation on the blocking pool.
 
-mod contexts;
 mod create;
 mod delete;
 mod exec;
@@ -40,6 +39,7 @@ mod plan;
 mod records;
 mod reservation;
 mod status;
+mod volumes;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -50,7 +50,7 @@ use tokio::sync::watch;
 
 use crate::delivery::ExecError;
 use crate::fsutil;
-use crate::pool::model::{ContextSpec, ContextStatus, Member, PoolSpec, PoolStatus};
+use crate::pool::model::{ContextVolumeSpec, ContextVolumeStatus, Member, PoolSpec, PoolStatus};
 use crate::pool::{BackendError, LabelSelector, SandboxBackend};
 
 use layout::SANDBOX_FILE;
@@ -237,34 +237,39 @@ impl SandboxBackend for LocalBackend {
         }
     }
 
-    async fn create_context(&self, spec: &ContextSpec) -> Result<ContextStatus, BackendError> {
+    async fn create_volume(
+        &self,
+        spec: &ContextVolumeSpec,
+    ) -> Result<ContextVolumeStatus, BackendError> {
         let spec = spec.clone();
-        self.blocking(move |inner| inner.create_context(&spec))
-            .await
+        self.blocking(move |inner| inner.create_volume(&spec)).await
     }
 
-    async fn get_context(
+    async fn get_volume(
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<ContextStatus>, BackendError> {
+    ) -> Result<Option<ContextVolumeStatus>, BackendError> {
         let (ns, name) = (namespace.to_owned(), name.to_owned());
-        self.blocking(move |inner| inner.get_context(&ns, &name))
+        self.blocking(move |inner| inner.get_volume(&ns, &name))
             .await
     }
 
-    async fn list_contexts(&self, namespace: &str) -> Result<Vec<ContextStatus>, BackendError> {
+    async fn list_volumes(
+        &self,
+        namespace: &str,
+    ) -> Result<Vec<ContextVolumeStatus>, BackendError> {
         let ns = namespace.to_owned();
-        self.blocking(move |inner| inner.list_contexts(&ns)).await
+        self.blocking(move |inner| inner.list_volumes(&ns)).await
     }
 
-    async fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
-        self.blocking(Inner::list_all_contexts).await
+    async fn list_all_volumes(&self) -> Result<Vec<ContextVolumeStatus>, BackendError> {
+        self.blocking(Inner::list_all_volumes).await
     }
 
-    async fn delete_context(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
+    async fn delete_volume(&self, namespace: &str, name: &str) -> Result<bool, BackendError> {
         let (ns, name) = (namespace.to_owned(), name.to_owned());
-        self.blocking(move |inner| inner.delete_context(&ns, &name))
+        self.blocking(move |inner| inner.delete_volume(&ns, &name))
             .await
     }
 

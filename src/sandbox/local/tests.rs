@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use super::records::{PoolRecord, RecordState};
 use super::{LocalBackend, LocalSettings};
-use crate::pool::model::{AccessMode, ContextSpec, ContextType, PoolPhase, PoolSpec, Strategy};
+use crate::pool::model::{
+    AccessMode, ContextVolumeSpec, ContextVolumeType, PoolPhase, PoolSpec, Strategy,
+};
 use crate::pool::{BackendError, SandboxBackend};
 
 fn open(dir: &Path) -> LocalBackend {
@@ -160,16 +162,16 @@ async fn conflicts_are_detected_across_strategies() {
 async fn delete_keeps_existing_volumes_and_is_idempotent() {
     let dir = tempfile::tempdir().unwrap();
     let backend = open(dir.path());
-    let ctx = ContextSpec {
+    let ctx = ContextVolumeSpec {
         name: "shared".into(),
         namespace: "default".into(),
-        context_type: ContextType::Workspace,
+        context_type: ContextVolumeType::Workspace,
         size: "2Gi".into(),
         access_mode: AccessMode::ReadWriteMany,
         storage_class: None,
         owner_scope: "owner-a".into(),
     };
-    backend.create_context(&ctx).await.unwrap();
+    backend.create_volume(&ctx).await.unwrap();
     let existing = Strategy::Existing {
         claim_name: "context-shared".into(),
         read_only: true,
@@ -180,7 +182,7 @@ async fn delete_keeps_existing_volumes_and_is_idempotent() {
     assert!(backend.delete_pool("e").await.unwrap());
     assert!(!backend.delete_pool("e").await.unwrap());
     assert!(backend
-        .get_context("default", "shared")
+        .get_volume("default", "shared")
         .await
         .unwrap()
         .is_some());
@@ -198,16 +200,16 @@ async fn delete_keeps_existing_volumes_and_is_idempotent() {
 async fn another_owners_volume_is_not_found_and_rwo_needs_one_replica() {
     let dir = tempfile::tempdir().unwrap();
     let backend = open(dir.path());
-    let ctx = ContextSpec {
+    let ctx = ContextVolumeSpec {
         name: "mine".into(),
         namespace: "default".into(),
-        context_type: ContextType::Memory,
+        context_type: ContextVolumeType::Memory,
         size: "1Gi".into(),
         access_mode: AccessMode::ReadWriteOnce,
         storage_class: Some("fast".into()),
         owner_scope: "owner-b".into(),
     };
-    backend.create_context(&ctx).await.unwrap();
+    backend.create_volume(&ctx).await.unwrap();
     let existing = |read_only| Strategy::Existing {
         claim_name: "context-mine".into(),
         read_only,
@@ -278,23 +280,19 @@ async fn a_half_made_context_volume_does_not_block_creation() {
     let dir = tempfile::tempdir().unwrap();
     let backend = open(dir.path());
     fs::create_dir_all(backend.inner.volume_dir("team", "context-notes")).unwrap();
-    let ctx = ContextSpec {
+    let ctx = ContextVolumeSpec {
         name: "notes".into(),
         namespace: "team".into(),
-        context_type: ContextType::Memory,
+        context_type: ContextVolumeType::Memory,
         size: "1Gi".into(),
         access_mode: AccessMode::ReadWriteOnce,
         storage_class: None,
         owner_scope: "owner-a".into(),
     };
-    assert!(backend
-        .get_context("team", "notes")
-        .await
-        .unwrap()
-        .is_none());
-    let status = backend.create_context(&ctx).await.unwrap();
+    assert!(backend.get_volume("team", "notes").await.unwrap().is_none());
+    let status = backend.create_volume(&ctx).await.unwrap();
     assert_eq!(status.claim_name, "context-notes");
-    let err = backend.create_context(&ctx).await.unwrap_err();
+    let err = backend.create_volume(&ctx).await.unwrap_err();
     assert!(matches!(err, BackendError::AlreadyExists), "{err}");
 }
 

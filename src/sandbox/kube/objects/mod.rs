@@ -25,7 +25,17 @@ use super::crd::{
     WarmPoolRef,
 };
 use super::settings::KubeSettings;
-use super::watch::Kind;
+
+/// The kinds of object a create makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A SandboxClaim.
+    Claim,
+    /// A Sandbox.
+    Sandbox,
+    /// A PersistentVolumeClaim.
+    Pvc,
+}
 
 /// Annotation on Sandboxes and claims: the pool's strategy. Not upstream; it
 /// lets status tell dedicated from shared when the PVCs are gone.

@@ -32,8 +32,7 @@ use crate::pool::model::{Member, PoolPhase, PoolStatus, Strategy, WorkspaceView}
 use crate::pool::names;
 
 use super::crd::{Condition, Sandbox, SandboxClaim};
-use super::objects::{StrategyKind, ANN_POD_NAME, ANN_STRATEGY, OPERATING_MODE_SUSPENDED};
-use super::watch::Kind;
+use super::objects::{Kind, StrategyKind, ANN_POD_NAME, ANN_STRATEGY, OPERATING_MODE_SUSPENDED};
 use conditions::{condition, finish, is_true, Problem, DEPENDENCIES_NOT_READY};
 use workspace::{direct_workspace, infer_strategy, requested_strategy};
 

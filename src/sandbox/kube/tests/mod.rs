@@ -21,7 +21,8 @@ use tower_test::mock;
 use super::{status, KubeBackend, KubeSettings};
 use crate::pool::model::Member;
 use crate::pool::model::{
-    AccessMode, ContextPhase, ContextSpec, ContextType, PoolPhase, PoolSpec, Strategy,
+    AccessMode, ContextVolumePhase, ContextVolumeSpec, ContextVolumeType, PoolPhase, PoolSpec,
+    Strategy,
 };
 use crate::pool::names;
 use crate::pool::{BackendError, LabelSelector, SandboxBackend};

@@ -1,7 +1,8 @@
-//! Trusted Contexts: upstream's Moca API mapped onto workloads.
+//! Trusted Contexts: upstream's Moca API mapped onto workloads (not the
+//! named-context volumes of `pool`, [`crate::pool::model::ContextVolumeSpec`]).
 //!
 //! A Context is a workload keyed by the delegated subject, the namespace and
-//! the Context name ([`ContextKey`]): it is stored under the owner key
+//! the Context name ([`TrustedKey`]): it is stored under the owner key
 //! `ctx:<namespace>/<subject key>` with the Context name as workload name, so
 //! no other subject (and no caller of the public workload API, whose owner
 //! keys never start with `ctx:`) can see it. Upstream's operations map as:
@@ -39,7 +40,7 @@ const CAPABILITY_ID_LEN: usize = 24;
 
 /// The one Context a trusted call names: which subject, where, which name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContextKey {
+pub struct TrustedKey {
     /// The namespace (a DNS-1123 label).
     pub namespace: String,
     /// The Context name.
@@ -48,7 +49,7 @@ pub struct ContextKey {
     pub subject: Owner,
 }
 
-impl ContextKey {
+impl TrustedKey {
     /// The owner key the Context's workload is stored under:
     /// `ctx:<namespace>/<subject key>` (a namespace holds no `/`).
     pub fn owner_key(&self) -> String {
@@ -73,7 +74,7 @@ pub fn is_capability_id(id: &str) -> bool {
 
 /// Upstream's create request, decoded.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CreateContext {
+pub struct CreateTrustedContext {
     /// The Context name.
     pub name: String,
     /// The namespace.
@@ -90,10 +91,10 @@ pub struct CreateContext {
     pub storage_class: String,
 }
 
-impl CreateContext {
+impl CreateTrustedContext {
     /// Upstream's checks, in its order and with its messages.
-    pub fn validate(&self) -> Result<(), ContextError> {
-        let invalid = |m: &str| Err(ContextError::Invalid(m.to_owned()));
+    pub fn validate(&self) -> Result<(), TrustedContextError> {
+        let invalid = |m: &str| Err(TrustedContextError::Invalid(m.to_owned()));
         if !is_pool_name(&self.name) {
             return invalid(
                 "name must be a lowercase Kubernetes name no longer than 50 characters",
@@ -121,7 +122,7 @@ impl CreateContext {
 /// A trusted operation's failure; the API maps each to upstream's status
 /// and code.
 #[derive(Debug, thiserror::Error)]
-pub enum ContextError {
+pub enum TrustedContextError {
     /// `400 invalid_request`.
     #[error("{0}")]
     Invalid(String),
@@ -192,7 +193,7 @@ pub struct TrustedContextView {
 }
 
 impl TrustedContextView {
-    fn of(key: &ContextKey, record: &WorkloadRecord) -> Self {
+    fn of(key: &TrustedKey, record: &WorkloadRecord) -> Self {
         let status = match record.status {
             WorkloadStatus::Failed => "failed",
             _ => "ready",
@@ -267,13 +268,13 @@ fn go_time(ms: u64) -> String {
 
 impl WorkloadService {
     /// Creates the Context `req` for `subject`, who owns it.
-    pub async fn create_context(
+    pub async fn create_trusted_context(
         &self,
         subject: &Owner,
-        req: &CreateContext,
-    ) -> Result<TrustedContextView, ContextError> {
+        req: &CreateTrustedContext,
+    ) -> Result<TrustedContextView, TrustedContextError> {
         req.validate()?;
-        let key = ContextKey {
+        let key = TrustedKey {
             namespace: req.namespace.clone(),
             name: req.name.clone(),
             subject: subject.clone(),
@@ -285,9 +286,9 @@ impl WorkloadService {
         self.create(&key.owner_key(), create)
             .await
             .map_err(|e| match e {
-                WorkloadError::NameTaken(_) => ContextError::AlreadyExists,
-                WorkloadError::QuotaExceeded(q) => ContextError::QuotaExceeded(q),
-                other => ContextError::Workload(other),
+                WorkloadError::NameTaken(_) => TrustedContextError::AlreadyExists,
+                WorkloadError::QuotaExceeded(q) => TrustedContextError::QuotaExceeded(q),
+                other => TrustedContextError::Workload(other),
             })?;
         let record = self.context_record(&key).await?;
         Ok(TrustedContextView::of(&key, &record))
@@ -295,13 +296,13 @@ impl WorkloadService {
 
     /// A fresh one-time upload capability for the Context; refused once it
     /// is frozen.
-    pub async fn context_capability(
+    pub async fn trusted_capability(
         &self,
-        key: &ContextKey,
-    ) -> Result<CapabilityView, ContextError> {
+        key: &TrustedKey,
+    ) -> Result<CapabilityView, TrustedContextError> {
         let record = self.context_record(key).await?;
         if record.active.is_some() {
-            return Err(ContextError::Frozen);
+            return Err(TrustedContextError::Frozen);
         }
         let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes::<18>());
         let (grant, view) = self.inner.new_grant_with_id(&record, id);
@@ -312,7 +313,7 @@ impl WorkloadService {
             Ok(_) => store.insert_grant(&grant).await,
             Err(e) => Err(e),
         };
-        stored.map_err(|e| ContextError::Workload(e.into()))?;
+        stored.map_err(|e| TrustedContextError::Workload(e.into()))?;
         Ok(CapabilityView {
             upload_url: view.url,
             token: view.token,
@@ -326,34 +327,34 @@ impl WorkloadService {
     /// Redeems capability `id` with its `token` (before the body is read).
     /// A capability of a Context frozen since is consumed: it can never
     /// succeed again.
-    pub async fn context_upload_ticket(
+    pub async fn trusted_upload_ticket(
         &self,
         id: &str,
         token: &str,
-    ) -> Result<UploadTicket, ContextError> {
+    ) -> Result<UploadTicket, TrustedContextError> {
         match self.grant_upload(id, token).await {
             Ok(ticket) => Ok(ticket),
             Err(WorkloadError::AlreadyActive(_)) => {
                 self.consume_capability(id).await;
-                Err(ContextError::Frozen)
+                Err(TrustedContextError::Frozen)
             }
             Err(
                 WorkloadError::GrantInvalid
                 | WorkloadError::GrantExpired
                 | WorkloadError::NotFound(_),
-            ) => Err(ContextError::CapabilityInvalid),
-            Err(other) => Err(ContextError::Workload(other)),
+            ) => Err(TrustedContextError::CapabilityInvalid),
+            Err(other) => Err(TrustedContextError::Workload(other)),
         }
     }
 
     /// Streams the upload of a redeemed capability into a new current
     /// revision. A failure leaves the capability usable until it expires,
     /// unless the Context was frozen meanwhile.
-    pub async fn context_upload(
+    pub async fn trusted_upload(
         &self,
         ticket: UploadTicket,
         body: super::BodyStream,
-    ) -> Result<UploadResultView, ContextError> {
+    ) -> Result<UploadResultView, TrustedContextError> {
         let grant = ticket.grant_id.clone();
         match self.upload(ticket, body).await {
             Ok(view) => Ok(UploadResultView {
@@ -366,34 +367,34 @@ impl WorkloadService {
                 if let Some(id) = grant {
                     self.consume_capability(&id).await;
                 }
-                Err(ContextError::Frozen)
+                Err(TrustedContextError::Frozen)
             }
-            Err(WorkloadError::TooLarge(_)) => Err(ContextError::UploadTooLarge(
+            Err(WorkloadError::TooLarge(_)) => Err(TrustedContextError::UploadTooLarge(
                 self.settings().limits.compressed_bytes,
             )),
-            Err(WorkloadError::Bundle(b)) => Err(ContextError::Invalid(rejection(&b))),
-            Err(WorkloadError::UploadBroken(m)) => Err(ContextError::Invalid(format!(
+            Err(WorkloadError::Bundle(b)) => Err(TrustedContextError::Invalid(rejection(&b))),
+            Err(WorkloadError::UploadBroken(m)) => Err(TrustedContextError::Invalid(format!(
                 "reading the upload failed: {m}"
             ))),
             Err(WorkloadError::GrantInvalid | WorkloadError::UploadInProgress) => {
-                Err(ContextError::CapabilityInvalid)
+                Err(TrustedContextError::CapabilityInvalid)
             }
-            Err(WorkloadError::NotFound(_)) => Err(ContextError::NotFound),
-            Err(other) => Err(ContextError::Workload(other)),
+            Err(WorkloadError::NotFound(_)) => Err(TrustedContextError::NotFound),
+            Err(other) => Err(TrustedContextError::Workload(other)),
         }
     }
 
     /// Freezes the Context at `revision`, which must be its current one.
     /// Idempotent for the frozen revision.
-    pub async fn freeze_context(
+    pub async fn freeze_trusted_context(
         &self,
-        key: &ContextKey,
+        key: &TrustedKey,
         revision: &str,
-    ) -> Result<TrustedContextView, ContextError> {
+    ) -> Result<TrustedContextView, TrustedContextError> {
         check_revision(revision)?;
         let record = self.context_record(key).await?;
         if self.inner.uploads.is_uploading(&record.uid) {
-            return Err(ContextError::UploadInProgress);
+            return Err(TrustedContextError::UploadInProgress);
         }
         self.activate(&key.owner_key(), &key.name, revision)
             .await
@@ -402,10 +403,10 @@ impl WorkloadService {
                 // one (a frozen Context takes no uploads), so upstream's
                 // current-revision check refuses first.
                 WorkloadError::RevisionMismatch(_) | WorkloadError::AlreadyActive(_) => {
-                    ContextError::RevisionMismatch
+                    TrustedContextError::RevisionMismatch
                 }
-                WorkloadError::NotFound(_) => ContextError::NotFound,
-                other => ContextError::Workload(other),
+                WorkloadError::NotFound(_) => TrustedContextError::NotFound,
+                other => TrustedContextError::Workload(other),
             })?;
         let record = self.context_record(key).await?;
         Ok(TrustedContextView::of(key, &record))
@@ -413,65 +414,72 @@ impl WorkloadService {
 
     /// The frozen revision `revision` of the Context: found only while the
     /// Context is frozen at exactly that revision.
-    pub async fn locate_context(
+    pub async fn locate_trusted_context(
         &self,
-        key: &ContextKey,
+        key: &TrustedKey,
         revision: &str,
-    ) -> Result<RevisionRecord, ContextError> {
+    ) -> Result<RevisionRecord, TrustedContextError> {
         check_revision(revision)?;
         if !key.is_valid() {
-            return Err(ContextError::NotFound);
+            return Err(TrustedContextError::NotFound);
         }
         self.locate(&key.owner_key(), &key.name, revision)
             .await
             .map_err(|e| match e {
                 WorkloadError::Internal(_) | WorkloadError::StoreUnavailable(_) => {
-                    ContextError::Workload(e)
+                    TrustedContextError::Workload(e)
                 }
-                _ => ContextError::NotFound,
+                _ => TrustedContextError::NotFound,
             })
     }
 
-    /// Opens a located revision's bundle (see [`Self::locate_context`]).
-    pub async fn open_context_bundle(
+    /// Opens a located revision's bundle (see [`Self::locate_trusted_context`]).
+    pub async fn open_trusted_bundle(
         &self,
-        key: &ContextKey,
+        key: &TrustedKey,
         revision: &RevisionRecord,
-    ) -> Result<CachedBundle, ContextError> {
+    ) -> Result<CachedBundle, TrustedContextError> {
         self.open_bundle(&key.name, revision)
             .await
             .map_err(|e| match e {
-                WorkloadError::NotFound(_) => ContextError::NotFound,
-                other => ContextError::Workload(other),
+                WorkloadError::NotFound(_) => TrustedContextError::NotFound,
+                other => TrustedContextError::Workload(other),
             })
     }
 
     /// Deletes the Context. `force` is accepted for upstream's sake: nothing
     /// attaches to a Context here, so a delete never waits for consumers.
-    pub async fn delete_context(&self, key: &ContextKey, _force: bool) -> Result<(), ContextError> {
+    pub async fn delete_trusted_context(
+        &self,
+        key: &TrustedKey,
+        _force: bool,
+    ) -> Result<(), TrustedContextError> {
         if !key.is_valid() {
-            return Err(ContextError::NotFound);
+            return Err(TrustedContextError::NotFound);
         }
         self.delete(&key.owner_key(), &key.name)
             .await
             .map_err(|e| match e {
-                WorkloadError::NotFound(_) => ContextError::NotFound,
-                other => ContextError::Workload(other),
+                WorkloadError::NotFound(_) => TrustedContextError::NotFound,
+                other => TrustedContextError::Workload(other),
             })
     }
 
     /// The Context's record, unless absent, another subject's, or being
     /// deleted.
-    async fn context_record(&self, key: &ContextKey) -> Result<WorkloadRecord, ContextError> {
+    async fn context_record(
+        &self,
+        key: &TrustedKey,
+    ) -> Result<WorkloadRecord, TrustedContextError> {
         if !key.is_valid() {
-            return Err(ContextError::NotFound);
+            return Err(TrustedContextError::NotFound);
         }
         self.inner
             .visible(&key.owner_key(), &key.name)
             .await
             .map_err(|e| match e {
-                WorkloadError::NotFound(_) => ContextError::NotFound,
-                other => ContextError::Workload(other),
+                WorkloadError::NotFound(_) => TrustedContextError::NotFound,
+                other => TrustedContextError::Workload(other),
             })
     }
 
@@ -484,11 +492,11 @@ impl WorkloadService {
 }
 
 /// Upstream's revision check (before any lookup).
-fn check_revision(revision: &str) -> Result<(), ContextError> {
+fn check_revision(revision: &str) -> Result<(), TrustedContextError> {
     if names::is_valid_revision(revision) {
         Ok(())
     } else {
-        Err(ContextError::Invalid(
+        Err(TrustedContextError::Invalid(
             "revision must be a lowercase SHA-256 digest".to_owned(),
         ))
     }
@@ -506,8 +514,8 @@ fn rejection(b: &BundleError) -> String {
 mod tests {
     use super::*;
 
-    fn key(ns: &str, name: &str, subject: Owner) -> ContextKey {
-        ContextKey {
+    fn key(ns: &str, name: &str, subject: Owner) -> TrustedKey {
+        TrustedKey {
             namespace: ns.into(),
             name: name.into(),
             subject,
@@ -545,7 +553,7 @@ mod tests {
 
     #[test]
     fn create_requests_are_checked_like_upstream() {
-        let ok = CreateContext {
+        let ok = CreateTrustedContext {
             name: "research".into(),
             namespace: "team1".into(),
             kind: "state".into(),
@@ -555,7 +563,7 @@ mod tests {
             storage_class: String::new(),
         };
         assert!(ok.validate().is_ok());
-        type Case = (fn(&mut CreateContext), &'static str);
+        type Case = (fn(&mut CreateTrustedContext), &'static str);
         let cases: [Case; 6] = [
             (|r| r.name = "Bad".into(), "name must be"),
             (|r| r.namespace = "a.b".into(), "namespace must be"),

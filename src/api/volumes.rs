@@ -1,4 +1,5 @@
-//! Named contexts: `POST /v1/contexts` and
+//! Named contexts (context volumes; not the trusted Contexts of `trusted`):
+//! `POST /v1/contexts` and
 //! `/v1/namespaces/{namespace}/contexts[/{name}]`.
 
 use axum::body::Body;
@@ -9,15 +10,16 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::body::{self, path_param};
 use super::error::{ApiResult, Code};
-use super::json::{self, path_param, GoField, GoKind, GoStruct};
+use super::json::{self, GoField, GoKind, GoStruct};
 use super::openapi::{
     error_set, Delegation, Errors, AUTH, BASE, BODY, GO_JSON_BODY, NOT_FOUND, PATH,
 };
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
-use crate::pool::validate::{CreateContextRequest, StorageRequest};
-use crate::pool::view::{Context, ContextList, CreateContext};
+use crate::pool::validate::{CreateContextVolumeRequest, StorageRequest};
+use crate::pool::view::{ContextVolume, ContextVolumeList, CreateContextVolume};
 
 pub(super) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -55,8 +57,8 @@ error_set!(
     operation_id = "createContext",
     tag = "contexts",
     params(Delegation),
-    request_body = CreateContext,
-    responses((status = CREATED, description = "The context, provisioning.", body = Context), Errors<CreateErrors>),
+    request_body = CreateContextVolume,
+    responses((status = CREATED, description = "The context, provisioning.", body = ContextVolume), Errors<CreateErrors>),
     security(("bearer" = []), ("shAuth" = []))
 )]
 async fn create(
@@ -65,15 +67,18 @@ async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     principal.require(Scope::ContextsWrite)?;
-    let (body, overflow) = json::decode_body(body, &CREATE_REQUEST).await?;
+    let (body, overflow) = body::decode_body(body, &CREATE_REQUEST).await?;
     let req = create_request(&body);
     let owner = state.owner_scope.of(principal.owner());
     let status = state
         .pools
-        .create_context(&req, &owner)
+        .create_volume(&req, &owner)
         .await
         .map_err(|e| overflow.error(e.into()))?;
-    Ok(overflow.response(json::respond(StatusCode::CREATED, &Context::from(&status))))
+    Ok(overflow.response(body::respond(
+        StatusCode::CREATED,
+        &ContextVolume::from(&status),
+    )))
 }
 
 /// Lists the caller's contexts in a namespace (scope `contexts:read`).
@@ -83,7 +88,7 @@ async fn create(
     operation_id = "listContexts",
     tag = "contexts",
     params(("namespace" = String, Path, description = "Namespace"), Delegation),
-    responses((status = OK, description = "The caller's contexts, by name.", body = ContextList), Errors<ListErrors>),
+    responses((status = OK, description = "The caller's contexts, by name.", body = ContextVolumeList), Errors<ListErrors>),
     security(("bearer" = []), ("shAuth" = []))
 )]
 async fn list(
@@ -94,11 +99,11 @@ async fn list(
     principal.require(Scope::ContextsRead)?;
     let namespace = path_param(path)?;
     let owner = state.owner_scope.of(principal.owner());
-    let items = state.pools.list_contexts(&namespace, &owner).await?;
-    let list = ContextList {
-        items: items.iter().map(Context::from).collect(),
+    let items = state.pools.list_volumes(&namespace, &owner).await?;
+    let list = ContextVolumeList {
+        items: items.iter().map(ContextVolume::from).collect(),
     };
-    Ok(json::respond(StatusCode::OK, &list))
+    Ok(body::respond(StatusCode::OK, &list))
 }
 
 /// Reads one of the caller's contexts.
@@ -114,7 +119,7 @@ async fn list(
         ("name" = String, Path, description = "Context name"),
         Delegation
     ),
-    responses((status = OK, description = "The context.", body = Context), Errors<OneErrors>),
+    responses((status = OK, description = "The context.", body = ContextVolume), Errors<OneErrors>),
     security(("bearer" = []), ("shAuth" = []))
 )]
 async fn read(
@@ -125,8 +130,8 @@ async fn read(
     principal.require(Scope::ContextsRead)?;
     let (namespace, name) = path_param(path)?;
     let owner = state.owner_scope.of(principal.owner());
-    let status = state.pools.get_context(&namespace, &name, &owner).await?;
-    Ok(json::respond(StatusCode::OK, &Context::from(&status)))
+    let status = state.pools.get_volume(&namespace, &name, &owner).await?;
+    Ok(body::respond(StatusCode::OK, &ContextVolume::from(&status)))
 }
 
 /// Deletes one of the caller's contexts and its volume.
@@ -153,10 +158,7 @@ async fn remove(
     principal.require(Scope::ContextsWrite)?;
     let (namespace, name) = path_param(path)?;
     let owner = state.owner_scope.of(principal.owner());
-    state
-        .pools
-        .delete_context(&namespace, &name, &owner)
-        .await?;
+    state.pools.delete_volume(&namespace, &name, &owner).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -207,9 +209,9 @@ pub(super) static CREATE_REQUEST: GoStruct = GoStruct {
 };
 
 /// The request a decoded `contextresource.CreateRequest` holds.
-pub(super) fn create_request(body: &json::Decoded) -> CreateContextRequest {
+pub(super) fn create_request(body: &json::Decoded) -> CreateContextVolumeRequest {
     let st = body.nested("storage");
-    CreateContextRequest {
+    CreateContextVolumeRequest {
         name: body.string("name"),
         namespace: body.string("namespace"),
         context_type: body.string("type"),

@@ -1,11 +1,14 @@
-//! Named contexts: one managed volume `context-<name>`, in any namespace.
+//! Named contexts (context volumes, [`crate::pool::model::ContextVolumeSpec`];
+//! not the trusted Contexts of `workload::trusted`): one managed volume `context-<name>`, in any namespace.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 
 use crate::fsutil;
-use crate::pool::model::{ContextPhase, ContextSpec, ContextStatus, ContextType};
+use crate::pool::model::{
+    ContextVolumePhase, ContextVolumeSpec, ContextVolumeStatus, ContextVolumeType,
+};
 use crate::pool::{names, BackendError};
 
 use super::layout::{create_new_dir, internal, remove_dir, write_json, VOLUME_FILE};
@@ -14,7 +17,10 @@ use super::Inner;
 
 impl Inner {
     /// Creates volume `context-<name>`; `AlreadyExists` if it is there.
-    pub(super) fn create_context(&self, spec: &ContextSpec) -> Result<ContextStatus, BackendError> {
+    pub(super) fn create_volume(
+        &self,
+        spec: &ContextVolumeSpec,
+    ) -> Result<ContextVolumeStatus, BackendError> {
         let claim = names::context_claim(&spec.name);
         let dir = self.volume_dir(&spec.namespace, &claim);
         let _reserved = self.reserve_new_volume(&spec.namespace, &claim)?;
@@ -54,11 +60,11 @@ impl Inner {
     }
 
     /// The named context, if its volume is a managed context volume.
-    pub(super) fn get_context(
+    pub(super) fn get_volume(
         &self,
         ns: &str,
         name: &str,
-    ) -> Result<Option<ContextStatus>, BackendError> {
+    ) -> Result<Option<ContextVolumeStatus>, BackendError> {
         let claim = names::context_claim(name);
         Ok(self
             .read_volume(ns, &claim)?
@@ -68,7 +74,7 @@ impl Inner {
 
     /// Every named context in `ns`, sorted by name.
     /// The named contexts of every namespace.
-    pub(super) fn list_all_contexts(&self) -> Result<Vec<ContextStatus>, BackendError> {
+    pub(super) fn list_all_volumes(&self) -> Result<Vec<ContextVolumeStatus>, BackendError> {
         let entries = match fs::read_dir(self.namespaces_dir()) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -78,13 +84,13 @@ impl Inner {
         for entry in entries {
             let entry = entry.map_err(internal("list namespaces".to_owned()))?;
             if let Some(ns) = entry.file_name().to_str() {
-                out.extend(self.list_contexts(ns)?);
+                out.extend(self.list_volumes(ns)?);
             }
         }
         Ok(out)
     }
 
-    pub(super) fn list_contexts(&self, ns: &str) -> Result<Vec<ContextStatus>, BackendError> {
+    pub(super) fn list_volumes(&self, ns: &str) -> Result<Vec<ContextVolumeStatus>, BackendError> {
         let dir = self.ns_dir(ns).join("volumes");
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
@@ -109,10 +115,10 @@ impl Inner {
     }
 
     /// Deletes the context's volume; `false` when there was none.
-    pub(super) fn delete_context(&self, ns: &str, name: &str) -> Result<bool, BackendError> {
+    pub(super) fn delete_volume(&self, ns: &str, name: &str) -> Result<bool, BackendError> {
         // Waits for a creation or deletion of the same volume in flight.
         let _reserved = self.reserve_volume(ns, &names::context_claim(name));
-        if self.get_context(ns, name)?.is_none() {
+        if self.get_volume(ns, name)?.is_none() {
             return Ok(false);
         }
         let claim = names::context_claim(name);
@@ -124,7 +130,7 @@ impl Inner {
 }
 
 /// The context a volume holds, if it is a managed context volume.
-pub(super) fn context_status(ns: &str, volume: &VolumeMeta) -> Option<ContextStatus> {
+pub(super) fn context_status(ns: &str, volume: &VolumeMeta) -> Option<ContextVolumeStatus> {
     let meta = &volume.meta;
     if meta.label(names::MANAGED_BY_LABEL) != Some(names::MANAGED_BY_VALUE) {
         return None;
@@ -132,13 +138,13 @@ pub(super) fn context_status(ns: &str, volume: &VolumeMeta) -> Option<ContextSta
     let name = meta
         .label(names::CONTEXT_NAME_LABEL)
         .filter(|n| !n.is_empty())?;
-    let context_type = ContextType::parse(meta.label(names::CONTEXT_TYPE_LABEL)?)?;
-    Some(ContextStatus {
+    let context_type = ContextVolumeType::parse(meta.label(names::CONTEXT_TYPE_LABEL)?)?;
+    Some(ContextVolumeStatus {
         name: name.to_owned(),
         namespace: ns.to_owned(),
         context_type,
         // A local volume is usable the moment it exists ("bound").
-        phase: ContextPhase::Ready,
+        phase: ContextVolumePhase::Ready,
         size: volume.size.clone(),
         access_mode: volume.access_mode.as_str().to_owned(),
         storage_class: volume.storage_class.clone(),

@@ -1,10 +1,13 @@
-//! Named contexts: one managed PVC `context-<name>`, in any namespace.
+//! Named contexts (context volumes, [`crate::pool::model::ContextVolumeSpec`];
+//! not the trusted Contexts of `workload::trusted`): one managed PVC `context-<name>`, in any namespace.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
-use crate::pool::model::{ContextPhase, ContextSpec, ContextStatus, ContextType};
+use crate::pool::model::{
+    ContextVolumePhase, ContextVolumeSpec, ContextVolumeStatus, ContextVolumeType,
+};
 use crate::pool::{names, BackendError};
 
 use super::backend::{background, create_error, delete_ignoring_missing, KubeBackend};
@@ -14,8 +17,8 @@ impl KubeBackend {
     /// Creates the PVC `context-<name>`.
     pub(super) async fn create_context_pvc(
         &self,
-        spec: &ContextSpec,
-    ) -> Result<ContextStatus, BackendError> {
+        spec: &ContextVolumeSpec,
+    ) -> Result<ContextVolumeStatus, BackendError> {
         let pvc = objects::context_pvc(
             &spec.namespace,
             &spec.name,
@@ -40,7 +43,7 @@ impl KubeBackend {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<ContextStatus>, BackendError> {
+    ) -> Result<Option<ContextVolumeStatus>, BackendError> {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
         let pvc = api
             .get_opt(&names::context_claim(name))
@@ -57,7 +60,7 @@ impl KubeBackend {
     pub(super) async fn list_context_pvcs(
         &self,
         namespace: Option<&str>,
-    ) -> Result<Vec<ContextStatus>, BackendError> {
+    ) -> Result<Vec<ContextVolumeStatus>, BackendError> {
         let api: Api<PersistentVolumeClaim> = match namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
@@ -66,7 +69,7 @@ impl KubeBackend {
             .list(&ListParams::default().labels(&objects::managed_selector()))
             .await
             .map_err(|e| BackendError::internal("list context PVCs", e))?;
-        let mut contexts: Vec<ContextStatus> = list
+        let mut contexts: Vec<ContextVolumeStatus> = list
             .items
             .iter()
             .filter(|pvc| pvc.name_any() == names::context_claim(&context_label(pvc)))
@@ -93,7 +96,7 @@ impl KubeBackend {
     }
 
     /// The named context a PVC holds, if it is a managed context PVC.
-    fn context_status(&self, pvc: &PersistentVolumeClaim) -> Option<ContextStatus> {
+    fn context_status(&self, pvc: &PersistentVolumeClaim) -> Option<ContextVolumeStatus> {
         let labels = pvc.labels();
         if labels.get(names::MANAGED_BY_LABEL).map(String::as_str) != Some(names::MANAGED_BY_VALUE)
         {
@@ -102,17 +105,17 @@ impl KubeBackend {
         let name = labels
             .get(names::CONTEXT_NAME_LABEL)
             .filter(|n| !n.is_empty())?;
-        let context_type = ContextType::parse(labels.get(names::CONTEXT_TYPE_LABEL)?)?;
+        let context_type = ContextVolumeType::parse(labels.get(names::CONTEXT_TYPE_LABEL)?)?;
         let spec = pvc.spec.as_ref();
         let bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-        Some(ContextStatus {
+        Some(ContextVolumeStatus {
             name: name.clone(),
             namespace: pvc.namespace().unwrap_or_default(),
             context_type,
             phase: if bound {
-                ContextPhase::Ready
+                ContextVolumePhase::Ready
             } else {
-                ContextPhase::Provisioning
+                ContextVolumePhase::Provisioning
             },
             size: spec
                 .and_then(|s| s.resources.as_ref())
