@@ -27,7 +27,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{api_token, bearer_token, SUBJECT_HEADER};
+use super::extract::{api_token, bearer_token, BundleHeaders, SUBJECT_HEADER};
 use super::json::{self, path_param, GoField, GoKind, GoStruct};
 use super::openapi::{
     case, error_set, BundleBytes, Errors, TrustedSubject, BASE, BODY, GO_JSON_BODY, INTERNAL,
@@ -377,24 +377,9 @@ pub(super) async fn upload(
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let media = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(str::trim);
-    if media != Some(BUNDLE_MEDIA_TYPE) {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            format!("content type must be {BUNDLE_MEDIA_TYPE}"),
-        ));
-    }
+    let upload = BundleHeaders::check(headers)?;
     let max = svc.settings().limits.compressed_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max) {
+    if upload.declared_over(max).is_some() {
         return Err(ContextError::UploadTooLarge(max).into());
     }
     let token = bearer_token(headers, "upload token")

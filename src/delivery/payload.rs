@@ -19,7 +19,7 @@ use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
 use crate::cache::ByteStream;
 use crate::store::RevisionRecord;
-use crate::workload::{WorkloadError, WorkloadService};
+use crate::workload::{BundleSource, WorkloadError};
 
 /// A failure to open the bundle: object-storage trouble is the client's to
 /// know (it may retry), anything else is internal.
@@ -91,33 +91,28 @@ enum Loaded {
 
 /// One request's bundle.
 pub(super) struct Payload {
-    workloads: WorkloadService,
-    workload: String,
-    revision: RevisionRecord,
+    source: BundleSource,
     budget: InflightBudget,
     loaded: OnceCell<Arc<Loaded>>,
 }
 
 impl Payload {
-    /// The bundle of `revision` of `workload`; nothing is read yet.
-    pub(super) fn new(
-        workloads: WorkloadService,
-        workload: String,
-        revision: RevisionRecord,
-        budget: InflightBudget,
-    ) -> Self {
+    /// The bundle of `source`; nothing is read yet.
+    pub(super) fn new(source: BundleSource, budget: InflightBudget) -> Self {
         Self {
-            workloads,
-            workload,
-            revision,
+            source,
             budget,
             loaded: OnceCell::new(),
         }
     }
 
+    fn revision(&self) -> &RevisionRecord {
+        self.source.revision()
+    }
+
     /// The bundle's size: what a sandbox must ask for.
     pub(super) fn len(&self) -> u64 {
-        self.revision.bytes
+        self.revision().bytes
     }
 
     /// Writes the whole bundle to `to`.
@@ -148,13 +143,9 @@ impl Payload {
     }
 
     async fn open(&self) -> Result<ByteStream, SendError> {
-        let bundle = self
-            .workloads
-            .open_bundle(&self.workload, &self.revision)
-            .await
-            .map_err(source_error)?;
+        let bundle = self.source.open().await.map_err(source_error)?;
         bundle
-            .stream(0, self.revision.bytes)
+            .stream(0, self.revision().bytes)
             .await
             .map_err(|e| self.source_error(e))
     }
@@ -162,17 +153,13 @@ impl Payload {
     fn source_error(&self, e: io::Error) -> SendError {
         SendError::Source(format!(
             "reading bundle {}: {e}",
-            self.revision.bundle_digest
+            self.revision().bundle_digest
         ))
     }
 
     async fn load(&self) -> Result<Loaded, SendError> {
-        let len = self.revision.bytes;
-        let bundle = self
-            .workloads
-            .open_bundle(&self.workload, &self.revision)
-            .await
-            .map_err(source_error)?;
+        let len = self.revision().bytes;
+        let bundle = self.source.open().await.map_err(source_error)?;
         let from_memory = bundle.is_memory();
         let permit = if from_memory {
             None

@@ -22,7 +22,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::service::{blocking, random_bytes};
-use super::{names, UploadTicket, WorkloadError, WorkloadService};
+use super::{names, Revision, UploadTicket, WorkloadError, WorkloadName, WorkloadService};
 use crate::auth::Owner;
 use crate::bundle::BundleError;
 use crate::cache::CachedBundle;
@@ -55,10 +55,15 @@ impl ContextKey {
         format!("{OWNER_PREFIX}{}/{}", self.namespace, self.subject.key())
     }
 
-    /// Whether the key can name a Context at all: a name and namespace that
-    /// fail validation never exist, so they are simply not found.
-    fn is_valid(&self) -> bool {
-        is_pool_name(&self.name) && is_dns1123_label(&self.namespace)
+    /// The Context's workload name, if the key can name a Context at all: a
+    /// name and namespace that fail validation never exist, so they are
+    /// simply not found. (A Context name is a pool name, whose rule is the
+    /// workload name's.)
+    fn workload_name(&self) -> Result<WorkloadName, ContextError> {
+        if !is_dns1123_label(&self.namespace) {
+            return Err(ContextError::NotFound);
+        }
+        WorkloadName::try_from(self.name.as_str()).map_err(|_| ContextError::NotFound)
     }
 }
 
@@ -391,12 +396,12 @@ impl WorkloadService {
         key: &ContextKey,
         revision: &str,
     ) -> Result<TrustedContextView, ContextError> {
-        check_revision(revision)?;
+        let revision = check_revision(revision)?;
         let record = self.context_record(key).await?;
         if self.inner.uploads.is_uploading(&record.uid) {
             return Err(ContextError::UploadInProgress);
         }
-        self.activate(&key.owner_key(), &key.name, revision)
+        self.activate(&key.owner_key(), &key.workload_name()?, &revision)
             .await
             .map_err(|e| match e {
                 // Frozen at another revision: that revision is the current
@@ -419,11 +424,9 @@ impl WorkloadService {
         key: &ContextKey,
         revision: &str,
     ) -> Result<RevisionRecord, ContextError> {
-        check_revision(revision)?;
-        if !key.is_valid() {
-            return Err(ContextError::NotFound);
-        }
-        self.locate(&key.owner_key(), &key.name, revision)
+        let revision = check_revision(revision)?;
+        let name = key.workload_name()?;
+        self.locate(&key.owner_key(), &name, &revision)
             .await
             .map_err(|e| match e {
                 WorkloadError::Internal(_) | WorkloadError::StoreUnavailable(_) => {
@@ -450,10 +453,8 @@ impl WorkloadService {
     /// Deletes the Context. `force` is accepted for upstream's sake: nothing
     /// attaches to a Context here, so a delete never waits for consumers.
     pub async fn delete_context(&self, key: &ContextKey, _force: bool) -> Result<(), ContextError> {
-        if !key.is_valid() {
-            return Err(ContextError::NotFound);
-        }
-        self.delete(&key.owner_key(), &key.name)
+        let name = key.workload_name()?;
+        self.delete(&key.owner_key(), &name)
             .await
             .map_err(|e| match e {
                 WorkloadError::NotFound(_) => ContextError::NotFound,
@@ -464,11 +465,9 @@ impl WorkloadService {
     /// The Context's record, unless absent, another subject's, or being
     /// deleted.
     async fn context_record(&self, key: &ContextKey) -> Result<WorkloadRecord, ContextError> {
-        if !key.is_valid() {
-            return Err(ContextError::NotFound);
-        }
+        let name = key.workload_name()?;
         self.inner
-            .visible(&key.owner_key(), &key.name)
+            .visible(&key.owner_key(), &name)
             .await
             .map_err(|e| match e {
                 WorkloadError::NotFound(_) => ContextError::NotFound,
@@ -487,14 +486,10 @@ impl WorkloadService {
 }
 
 /// Upstream's revision check (before any lookup).
-fn check_revision(revision: &str) -> Result<(), ContextError> {
-    if names::is_valid_revision(revision) {
-        Ok(())
-    } else {
-        Err(ContextError::Invalid(
-            "revision must be a lowercase SHA-256 digest".to_owned(),
-        ))
-    }
+fn check_revision(revision: &str) -> Result<Revision, ContextError> {
+    Revision::try_from(revision).map_err(|_| {
+        ContextError::Invalid("revision must be a lowercase SHA-256 digest".to_owned())
+    })
 }
 
 /// The message of a refused bundle: the engine's reason code, then its text.

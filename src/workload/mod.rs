@@ -31,10 +31,11 @@ pub use admission::{UploadLimits, MAX_CONCURRENT_UPLOADS, UPLOAD_RETRY_AFTER_SEC
 pub use error::WorkloadError;
 pub use grants::UploadTicket;
 pub use metrics::WorkloadMetrics;
+pub use names::{Revision, WorkloadName};
 pub use recovery::RecoveryReport;
 pub use service::{
-    CreateWorkload, WorkloadService, WorkloadSettings, DEFAULT_BLOB_GC_GRACE,
-    DEFAULT_BLOB_LOCAL_BYTES, DEFAULT_UPLOAD_TEMP_BYTES,
+    ActiveBundle, BundleSource, CreateWorkload, WorkloadService, WorkloadSettings,
+    DEFAULT_BLOB_GC_GRACE, DEFAULT_BLOB_LOCAL_BYTES, DEFAULT_UPLOAD_TEMP_BYTES,
 };
 pub use upload::BodyStream;
 pub use view::{rfc3339, RevisionView, UploadGrantView, WorkloadView, BUNDLE_MEDIA_TYPE};
