@@ -243,11 +243,9 @@ async fn every_upload_route_takes_the_same_media_types() {
         &server,
         server.token("alice", "workloads:read workloads:write"),
     );
-    let created = json_of(
-        owner.post("/v1/workloads", &json!({"name": "w"})).await,
-        201,
-    )
-    .await;
+    let created = owner.post("/v1/workloads", &json!({"name": "w"})).await;
+    assert_eq!(created.status(), 201);
+    let created: serde_json::Value = created.json().await.unwrap();
     let alice = moca(&server, "user:alice");
     create(&alice, NS, "c").await;
     // A fresh credential per door: grants and capabilities are single use.
@@ -302,10 +300,8 @@ async fn every_upload_route_takes_the_same_media_types() {
             let resp = caller.put(&url, ct, bundle(ct)).await;
             assert_eq!(resp.status(), 201, "{ct} to {url}");
         }
-        grant = json_of(
-            owner.send(Method::POST, "/v1/workloads/w/uploads").await,
-            201,
-        )
-        .await;
+        let resp = owner.send(Method::POST, "/v1/workloads/w/uploads").await;
+        assert_eq!(resp.status(), 201);
+        grant = resp.json().await.unwrap();
     }
 }
