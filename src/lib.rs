@@ -35,6 +35,7 @@ pub mod bundle;
 pub mod cache;
 pub mod cli;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod delivery;
 pub mod fsutil;

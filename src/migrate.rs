@@ -23,6 +23,7 @@ use std::process::ExitCode;
 
 use serde::de::DeserializeOwned;
 
+use crate::clock::now_ms;
 use crate::store::{
     hash_file, is_digest, DatabaseUrl, GrantRecord, MetadataStore, ObjectBlobs, ObjectError,
     PostgresStore, PutOutcome, RedbSource, RevisionRecord, SourceRecord, StoreError,
@@ -508,10 +509,4 @@ async fn copy_blobs(
         }
     }
     Ok(done)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -22,7 +22,10 @@ use super::openapi::{
 };
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
-use crate::delivery::{DeliverInput, Delivered, DeliveryService, DeliveryTarget, RunList, Verify};
+use crate::delivery::{
+    DeliverInput, Delivered, DeliveryService, DeliveryTarget, RunList, Verify, RUN_ID_RULE,
+    WORKLOAD_NAME_RULE,
+};
 
 pub(super) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -96,6 +99,12 @@ fn service(state: &AppState) -> Result<&DeliveryService, ApiError> {
     })
 }
 
+/// `value` as the checked type `T` (a workload name, a run id), or `400
+/// invalid_request` stating the rule it breaks.
+fn parse<T: TryFrom<String>>(value: String, rule: &str) -> Result<T, ApiError> {
+    T::try_from(value).map_err(|_| ApiError::invalid_request(rule))
+}
+
 /// Delivers the workload's active revision.
 ///
 /// Scope `workloads:deliver`. Into a sandbox or every sandbox of a pool, as
@@ -127,14 +136,14 @@ async fn deliver(
             ))
         }
     };
+    let svc = service(&state)?;
+    let workload = parse(id, WORKLOAD_NAME_RULE)?;
     let input = DeliverInput {
-        run_id: body.run_id,
+        run_id: parse(body.run_id, RUN_ID_RULE)?,
         target,
         verify: body.verify.unwrap_or_default(),
     };
-    let delivered = service(&state)?
-        .deliver(principal.owner(), &id, &input)
-        .await?;
+    let delivered = svc.deliver(principal.owner(), &workload, &input).await?;
     Ok((StatusCode::CREATED, Json(delivered)).into_response())
 }
 
@@ -155,7 +164,10 @@ async fn list(
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsDeliver)?;
     let id = path_param(path)?;
-    let deliveries = service(&state)?.list(principal.owner(), &id).await?;
+    let svc = service(&state)?;
+    let deliveries = svc
+        .list(principal.owner(), &parse(id, WORKLOAD_NAME_RULE)?)
+        .await?;
     Ok(Json(RunList { deliveries }).into_response())
 }
 
@@ -179,8 +191,9 @@ async fn release(
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::WorkloadsDeliver)?;
     let (id, run) = path_param(path)?;
-    service(&state)?
-        .release(principal.owner(), &id, &run)
-        .await?;
+    let svc = service(&state)?;
+    let workload = parse(id, WORKLOAD_NAME_RULE)?;
+    let run = parse(run, RUN_ID_RULE)?;
+    svc.release(principal.owner(), &workload, &run).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,6 +1,7 @@
 //! What handlers take from a request, with failures as API errors: the
 //! caller ([`Principal`], from `Authorization` or upstream's `X-SH-Auth`,
-//! and `X-Context-Subject`), a bearer token, and a JSON body ([`ApiJson`]).
+//! and `X-Context-Subject`), a bearer token, a JSON body ([`ApiJson`]) and
+//! the headers of a bundle upload ([`BundleHeaders`]).
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, Code};
 use crate::auth::{AuthError, Authenticator, Principal};
+use crate::workload::BUNDLE_MEDIA_TYPE;
 
 /// Header a trusted service uses to act for a subject: `<kind>:<id>`, kind
 /// `user`, `agent`, `workload` or `service`.
@@ -102,6 +104,61 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let auth = Arc::<Authenticator>::from_ref(state);
         principal(&auth, &parts.headers)
+    }
+}
+
+/// The media types a bundle is uploaded as, on every upload route.
+pub const BUNDLE_MEDIA_TYPES: [&str; 2] = [BUNDLE_MEDIA_TYPE, "application/gzip"];
+
+/// The headers of a bundle upload, checked the same way on every upload
+/// route (the owner's `PUT /v1/workloads/{id}/bundle`, and `PUT
+/// /v1/uploads/{id}` with a grant or a trusted capability). Each route
+/// checks them at its own point of its order of checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BundleHeaders {
+    /// `Content-Length`, when sent and a number.
+    declared: Option<u64>,
+}
+
+impl BundleHeaders {
+    /// The headers, if the media type (the part before `;`, in any case)
+    /// is one of [`BUNDLE_MEDIA_TYPES`]; else `415 unsupported_media_type`.
+    pub fn check(headers: &HeaderMap) -> Result<Self, ApiError> {
+        let media = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            });
+        match media.as_deref() {
+            Some(m) if BUNDLE_MEDIA_TYPES.contains(&m) => {}
+            other => {
+                return Err(ApiError::new(
+                    Code::UnsupportedMediaType,
+                    format!(
+                        "bundles are sent as {} or {}, not {}",
+                        BUNDLE_MEDIA_TYPES[0],
+                        BUNDLE_MEDIA_TYPES[1],
+                        other.unwrap_or("(no Content-Type)")
+                    ),
+                ))
+            }
+        }
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        Ok(Self { declared })
+    }
+
+    /// The declared size when it is over `max`: such an upload is refused
+    /// before a byte of its body is read.
+    pub fn declared_over(&self, max: u64) -> Option<u64> {
+        self.declared.filter(|n| *n > max)
     }
 }
 

@@ -28,7 +28,7 @@ use utoipa_axum::routes;
 
 use super::body::{self, path_param};
 use super::error::{ApiError, ApiResult, Code};
-use super::extract::{api_token, bearer_token, SUBJECT_HEADER};
+use super::extract::{api_token, bearer_token, BundleHeaders, SUBJECT_HEADER};
 use super::json::{GoField, GoKind, GoStruct};
 use super::openapi::{
     error_set, BundleBytes, Errors, TrustedSubject, BASE, BODY, GO_JSON_BODY, INTERNAL, NOT_FOUND,
@@ -376,23 +376,9 @@ pub(super) async fn upload(
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let media = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(str::trim);
-    if media != Some(BUNDLE_MEDIA_TYPE) {
-        return Err(ApiError::new(
-            Code::UnsupportedMediaType,
-            format!("content type must be {BUNDLE_MEDIA_TYPE}"),
-        ));
-    }
+    let upload = BundleHeaders::check(headers)?;
     let max = svc.settings().limits.compressed_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max) {
+    if upload.declared_over(max).is_some() {
         return Err(TrustedContextError::UploadTooLarge(max).into());
     }
     let token = bearer_token(headers, "upload token")

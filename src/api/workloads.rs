@@ -15,7 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, ApiResult, Code};
-use super::extract::{bearer_token, ApiJson};
+use super::extract::{bearer_token, ApiJson, BundleHeaders};
 use super::openapi::{
     error_set, BundleBytes, Delegation, Errors, AUTH, BASE, BODY, BUNDLE_UPLOAD, INTERNAL,
     JSON_BODY, OBJECT_STORAGE, PATH, UPLOADABLE, WORKLOAD_NOT_FOUND,
@@ -25,8 +25,8 @@ use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::workload::trusted::UploadResultView;
 use crate::workload::{
-    CreateWorkload, RevisionView, UploadGrantView, UploadTicket, WorkloadService, WorkloadView,
-    BUNDLE_MEDIA_TYPE,
+    CreateWorkload, Revision, RevisionView, UploadGrantView, UploadTicket, WorkloadError,
+    WorkloadName, WorkloadService, WorkloadView, BUNDLE_MEDIA_TYPE,
 };
 
 pub(super) fn router() -> OpenApiRouter<AppState> {
@@ -156,6 +156,17 @@ error_set!(
     ]
 );
 
+/// The workload `{id}` names. An invalid name can never exist, so it is
+/// answered like a missing one (`404 workload_not_found`).
+fn workload_name(id: String) -> ApiResult<WorkloadName> {
+    WorkloadName::try_from(id).map_err(|e| WorkloadError::NotFound(e.0).into())
+}
+
+/// A revision named by the caller, or `400 revision_invalid`.
+fn parse_revision(value: String) -> Result<Revision, WorkloadError> {
+    Revision::try_from(value).map_err(|e| WorkloadError::RevisionInvalid(e.0))
+}
+
 /// Creates a workload of the caller.
 ///
 /// Scope `workloads:write`. The answer carries a one-time upload grant for
@@ -217,7 +228,8 @@ async fn read(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
-    Ok(Json(svc.get(&principal.owner().key(), &id).await?).into_response())
+    let name = workload_name(id)?;
+    Ok(Json(svc.get(&principal.owner().key(), &name).await?).into_response())
 }
 
 /// Deletes one of the caller's workloads and its bundles.
@@ -238,7 +250,8 @@ async fn remove(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     principal.require(Scope::WorkloadsWrite)?;
-    svc.delete(&principal.owner().key(), &id).await?;
+    svc.delete(&principal.owner().key(), &workload_name(id)?)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -260,7 +273,9 @@ async fn new_grant(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
-    let grant = svc.grant(&principal.owner().key(), &id).await?;
+    let grant = svc
+        .grant(&principal.owner().key(), &workload_name(id)?)
+        .await?;
     Ok((StatusCode::CREATED, Json(grant)).into_response())
 }
 
@@ -284,8 +299,10 @@ async fn activate(
     ApiJson(body): ApiJson<ActivateBody>,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
+    // The revision first: a malformed one is always 400.
+    let revision = parse_revision(body.revision)?;
     let view = svc
-        .activate(&principal.owner().key(), &id, &body.revision)
+        .activate(&principal.owner().key(), &workload_name(id)?, &revision)
         .await?;
     Ok(Json(view).into_response())
 }
@@ -315,7 +332,9 @@ async fn upload_by_owner(
     body: Body,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsWrite)?;
-    let ticket = svc.owner_upload(&principal.owner().key(), &id).await?;
+    let ticket = svc
+        .owner_upload(&principal.owner().key(), &workload_name(id)?)
+        .await?;
     upload(&svc, ticket, &headers, body).await
 }
 
@@ -336,10 +355,10 @@ enum GrantUploadAnswer {
 /// without an API token. Two kinds of id share the route: a workload upload
 /// grant (32 hex characters, from `upload.url` of the workload API), and a
 /// trusted upload capability (24 base64url characters, from `uploadUrl` of
-/// `POST …/upload-capabilities`), which takes only
-/// `application/vnd.rossoctl.context`, answers upstream's error codes
+/// `POST …/upload-capabilities`), which answers upstream's error codes
 /// (`401 unauthorized`, `409 context_frozen`, `404 not_found`) and
-/// `Cache-Control: no-store`.
+/// `Cache-Control: no-store`. Both take the media types of the owner's
+/// upload.
 #[utoipa::path(
     put,
     path = "/v1/uploads/{grant}",
@@ -380,34 +399,9 @@ async fn upload(
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        });
-    match content_type.as_deref() {
-        Some(BUNDLE_MEDIA_TYPE | "application/gzip") => {}
-        other => {
-            return Err(ApiError::new(
-                Code::UnsupportedMediaType,
-                format!(
-                    "bundles are sent as {BUNDLE_MEDIA_TYPE} or application/gzip, not {}",
-                    other.unwrap_or("(no Content-Type)")
-                ),
-            ))
-        }
-    }
+    let upload = BundleHeaders::check(headers)?;
     let max = svc.settings().limits.compressed_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(n) = declared.filter(|n| *n > max) {
+    if let Some(n) = upload.declared_over(max) {
         // Refused before a byte of the body is read.
         return Err(ApiError::new(
             Code::UploadTooLarge,
@@ -464,7 +458,17 @@ async fn download(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     principal.require(Scope::WorkloadsRead)?;
-    let rev = svc.locate(&principal.owner().key(), &id, &revision).await?;
+    let owner = principal.owner().key();
+    let name = workload_name(id)?;
+    let revision = match parse_revision(revision) {
+        Ok(r) => r,
+        Err(invalid) => {
+            // A missing workload answers 404 before a malformed revision.
+            svc.get(&owner, &name).await?;
+            return Err(invalid.into());
+        }
+    };
+    let rev = svc.locate(&owner, &name, &revision).await?;
     let etag = format!("\"sha256:{}\"", rev.bundle_digest);
     let mut out = HeaderMap::new();
     out.insert(header::ETAG, header_value(&etag)?);
@@ -513,7 +517,7 @@ async fn download(
     if method == Method::HEAD {
         return Ok((status, out).into_response());
     }
-    let bundle = svc.open_bundle(&id, &rev).await?;
+    let bundle = svc.open_bundle(&name, &rev).await?;
     let stream = bundle
         .stream(start, end)
         .await

@@ -100,10 +100,11 @@ pub use metrics::DeliveryMetrics;
 pub use port::{ExecError, ExecSession, ExecTarget, SandboxExec};
 pub use script::{
     is_valid_root, is_valid_run_id, is_valid_scope, parse_line, render_deliver, render_release,
-    DeliverRequest, LineError, ReleaseRequest, ScriptError, ScriptLine, Verify, DEFAULT_ROOT,
-    ERROR_CODES,
+    DeliverRequest, LineError, ReleaseRequest, RunId, ScriptError, ScriptLine, Verify,
+    DEFAULT_ROOT, ERROR_CODES,
 };
 pub use service::{
     DeliverInput, DeliveryDeps, DeliveryService, DeliverySettings, DeliveryTarget, SettingsError,
+    RUN_ID_RULE, WORKLOAD_NAME_RULE,
 };
 pub use view::{Delivered, FailedBody, RunList, RunPlace, RunView, SandboxOutcome};

@@ -19,7 +19,7 @@ use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
 use crate::cache::ByteStream;
 use crate::store::RevisionRecord;
-use crate::workload::{WorkloadError, WorkloadService};
+use crate::workload::{BundleSource, WorkloadError};
 
 /// Budget permits are KiB, so a `u32` permit count covers 4 TiB.
 const PERMIT_BYTES: u64 = 1024;
@@ -84,33 +84,28 @@ enum Loaded {
 
 /// One request's bundle.
 pub(super) struct Payload {
-    workloads: WorkloadService,
-    workload: String,
-    revision: RevisionRecord,
+    source: BundleSource,
     budget: InflightBudget,
     loaded: OnceCell<Arc<Loaded>>,
 }
 
 impl Payload {
-    /// The bundle of `revision` of `workload`; nothing is read yet.
-    pub(super) fn new(
-        workloads: WorkloadService,
-        workload: String,
-        revision: RevisionRecord,
-        budget: InflightBudget,
-    ) -> Self {
+    /// The bundle of `source`; nothing is read yet.
+    pub(super) fn new(source: BundleSource, budget: InflightBudget) -> Self {
         Self {
-            workloads,
-            workload,
-            revision,
+            source,
             budget,
             loaded: OnceCell::new(),
         }
     }
 
+    fn revision(&self) -> &RevisionRecord {
+        self.source.revision()
+    }
+
     /// The bundle's size: what a sandbox must ask for.
     pub(super) fn len(&self) -> u64 {
-        self.revision.bytes
+        self.revision().bytes
     }
 
     /// Writes the whole bundle to `to`.
@@ -141,12 +136,9 @@ impl Payload {
     }
 
     async fn open(&self) -> Result<ByteStream, SendError> {
-        let bundle = self
-            .workloads
-            .open_bundle(&self.workload, &self.revision)
-            .await?;
+        let bundle = self.source.open().await?;
         bundle
-            .stream(0, self.revision.bytes)
+            .stream(0, self.revision().bytes)
             .await
             .map_err(|e| self.source_error(e))
     }
@@ -155,16 +147,13 @@ impl Payload {
     fn source_error(&self, e: io::Error) -> SendError {
         SendError::Source(WorkloadError::Internal(format!(
             "reading bundle {}: {e}",
-            self.revision.bundle_digest
+            self.revision().bundle_digest
         )))
     }
 
     async fn load(&self) -> Result<Loaded, SendError> {
-        let len = self.revision.bytes;
-        let bundle = self
-            .workloads
-            .open_bundle(&self.workload, &self.revision)
-            .await?;
+        let len = self.revision().bytes;
+        let bundle = self.source.open().await?;
         let from_memory = bundle.is_memory();
         let permit = if from_memory {
             None

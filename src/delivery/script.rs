@@ -205,6 +205,12 @@ pub fn is_valid_run_id(run_id: &str) -> bool {
             .all(|c| first(c) || matches!(c, b'.' | b'_' | b'-'))
 }
 
+crate::workload::names::checked_string! {
+    /// A delivery run id: `^[a-z0-9][a-z0-9._-]{0,62}$` (see
+    /// [`is_valid_run_id`]).
+    pub struct RunId: is_valid_run_id;
+}
+
 /// Whether `scope` is exactly 32 lowercase hex digits.
 pub fn is_valid_scope(scope: &str) -> bool {
     is_lower_hex(scope, 32)

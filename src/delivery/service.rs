@@ -12,19 +12,19 @@ use super::flight::KeyedLocks;
 use super::payload::{InflightBudget, Payload};
 use super::port::{ExecError, ExecTarget, SandboxExec};
 use super::script::{
-    is_valid_root, is_valid_run_id, render_deliver, render_release, DeliverRequest, ReleaseRequest,
-    Verify, DEFAULT_ROOT,
+    is_valid_root, render_deliver, render_release, DeliverRequest, ReleaseRequest, RunId, Verify,
+    DEFAULT_ROOT,
 };
 use super::session::{self, Failure};
 use super::targets;
 use super::view::{Delivered, RunPlace, RunView, SandboxOutcome};
 use super::DeliveryMetrics;
 use crate::auth::{Owner, OwnerScope};
+use crate::clock::now_ms;
 use crate::pool::validate::{is_dns1123_subdomain, is_pool_name};
 use crate::pool::{LabelSelector, Member, PoolService};
-use crate::store::{RevisionRecord, RunRecord, RunSandbox, RunStore, StoreError};
-use crate::workload::names::is_valid_name;
-use crate::workload::{WorkloadError, WorkloadService};
+use crate::store::{RunRecord, RunSandbox, RunStore, StoreError};
+use crate::workload::{WorkloadError, WorkloadName, WorkloadService};
 
 /// Tunables of the delivery service.
 #[derive(Debug, Clone)]
@@ -90,11 +90,19 @@ pub enum DeliveryTarget {
     Pool(String),
 }
 
+/// What a delivery route answers (`400 invalid_request`) for a workload
+/// name that breaks its rule.
+pub const WORKLOAD_NAME_RULE: &str = "the workload name must be at most 50 lowercase letters, digits and '-', starting and ending with a letter or digit";
+
+/// What a delivery route answers (`400 invalid_request`) for a run id that
+/// breaks its rule.
+pub const RUN_ID_RULE: &str = "runId must match ^[a-z0-9][a-z0-9._-]{0,62}$";
+
 /// A delivery request, parsed from the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliverInput {
     /// The caller's run id.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Where to deliver.
     pub target: DeliveryTarget,
     /// How a cache hit is verified.
@@ -189,12 +197,12 @@ impl DeliveryService {
     pub async fn deliver(
         &self,
         owner: &Owner,
-        workload: &str,
+        workload: &WorkloadName,
         input: &DeliverInput,
     ) -> Result<Delivered, DeliveryError> {
         let this = self.clone();
         let scope = self.inner.owner_scope.of(owner);
-        let (owner, workload, input) = (owner.key(), workload.to_owned(), input.clone());
+        let (owner, workload, input) = (owner.key(), workload.clone(), input.clone());
         detached(async move { this.deliver_here(&owner, &scope, &workload, &input).await }).await
     }
 
@@ -204,11 +212,9 @@ impl DeliveryService {
         &self,
         owner: &str,
         scope: &str,
-        workload: &str,
+        workload: &WorkloadName,
         input: &DeliverInput,
     ) -> Result<Delivered, DeliveryError> {
-        check_workload(workload)?;
-        check_run_id(&input.run_id)?;
         match &input.target {
             DeliveryTarget::Sandbox(s) if !is_dns1123_subdomain(s) => {
                 return Err(invalid(
@@ -224,17 +230,17 @@ impl DeliveryService {
         }
         let inner = &self.inner;
         let scope = scope.to_owned();
-        let revision = self.active_revision(owner, workload).await?;
-        let manifest = inner
+        let active = inner
             .workloads
-            .tree_manifest(owner, workload, &revision)
+            .active_bundle(owner, workload)
             .await
             .map_err(|e| workload_error(workload, e))?;
+        let (revision, manifest) = (active.revision, active.manifest);
         let request = DeliverRequest {
             root: inner.settings.root.clone(),
             scope: scope.clone(),
-            workload: workload.to_owned(),
-            run_id: input.run_id.clone(),
+            workload: workload.to_string(),
+            run_id: input.run_id.to_string(),
             revision: revision.revision.clone(),
             bundle_digest: revision.bundle_digest.clone(),
             bundle_bytes: revision.bytes,
@@ -243,19 +249,21 @@ impl DeliveryService {
             manifest,
             verify: input.verify,
         };
-        // The same script serves every sandbox of the request.
-        // Only the workload name and the run id come from the caller (both
-        // checked above); any other refused value is the service's own.
-        let script = render_deliver(&request).map_err(|e| match e.field() {
-            "workload" | "runId" => invalid(&e.to_string()),
-            _ => DeliveryError::Internal(format!("rendering the deliver script: {e}")),
-        })?;
-        let run_key = (owner.to_owned(), workload.to_owned(), input.run_id.clone());
+        // The same script serves every sandbox of the request. The workload
+        // name and the run id, the caller's values, hold only valid ones:
+        // any refused value is the service's own.
+        let script = render_deliver(&request)
+            .map_err(|e| DeliveryError::Internal(format!("rendering the deliver script: {e}")))?;
+        let run_key = (
+            owner.to_owned(),
+            workload.to_string(),
+            input.run_id.to_string(),
+        );
         let _run = inner.run_locks.lock(run_key).await;
         if let Some(existing) = inner.runs.run(owner, workload, &input.run_id).await? {
             if existing.revision != revision.revision {
                 return Err(DeliveryError::RunConflict {
-                    run: input.run_id.clone(),
+                    run: input.run_id.to_string(),
                     revision: existing.revision,
                 });
             }
@@ -282,12 +290,7 @@ impl DeliveryService {
                 ready
             }
         };
-        let payload = Payload::new(
-            inner.workloads.clone(),
-            workload.to_owned(),
-            revision.clone(),
-            inner.budget.clone(),
-        );
+        let payload = Payload::new(active.source, inner.budget.clone());
         let tried: Vec<Tried> = futures::stream::iter(members)
             .map(|m| self.deliver_one(m, &script, &scope, &revision.revision, &payload))
             .buffered(inner.settings.parallelism)
@@ -308,8 +311,8 @@ impl DeliveryService {
         if !placed.is_empty() {
             let record = RunRecord {
                 owner: owner.to_owned(),
-                workload: workload.to_owned(),
-                run_id: input.run_id.clone(),
+                workload: workload.to_string(),
+                run_id: input.run_id.to_string(),
                 revision: revision.revision.clone(),
                 scope,
                 sandboxes: placed,
@@ -321,7 +324,7 @@ impl DeliveryService {
                 // sharing the store could get here.
                 Err(StoreError::Conflict) => {
                     return Err(DeliveryError::RunConflict {
-                        run: input.run_id.clone(),
+                        run: input.run_id.to_string(),
                         revision: revision.revision.clone(),
                     })
                 }
@@ -330,7 +333,7 @@ impl DeliveryService {
         }
         match failure {
             None => Ok(Delivered {
-                workload: workload.to_owned(),
+                workload: workload.to_string(),
                 revision: revision.revision,
                 deliveries: outcomes,
             }),
@@ -345,11 +348,11 @@ impl DeliveryService {
     pub async fn release(
         &self,
         owner: &Owner,
-        workload: &str,
-        run_id: &str,
+        workload: &WorkloadName,
+        run_id: &RunId,
     ) -> Result<(), DeliveryError> {
         let this = self.clone();
-        let (owner, workload, run_id) = (owner.key(), workload.to_owned(), run_id.to_owned());
+        let (owner, workload, run_id) = (owner.key(), workload.to_string(), run_id.to_string());
         detached(async move { this.release_here(&owner, &workload, &run_id).await }).await
     }
 
@@ -359,8 +362,6 @@ impl DeliveryService {
         workload: &str,
         run_id: &str,
     ) -> Result<(), DeliveryError> {
-        check_workload(workload)?;
-        check_run_id(run_id)?;
         let inner = &self.inner;
         let run_key = (owner.to_owned(), workload.to_owned(), run_id.to_owned());
         let _run = inner.run_locks.lock(run_key).await;
@@ -393,9 +394,12 @@ impl DeliveryService {
     /// The owner's live runs of `workload`, by run id. Runs outlive their
     /// workload (so they can still be released); without runs, a missing
     /// workload is [`DeliveryError::WorkloadNotFound`].
-    pub async fn list(&self, owner: &Owner, workload: &str) -> Result<Vec<RunView>, DeliveryError> {
+    pub async fn list(
+        &self,
+        owner: &Owner,
+        workload: &WorkloadName,
+    ) -> Result<Vec<RunView>, DeliveryError> {
         let owner = &owner.key();
-        check_workload(workload)?;
         let runs = self.inner.runs.runs_of(owner, workload).await?;
         if runs.is_empty() {
             self.inner
@@ -420,29 +424,6 @@ impl DeliveryService {
                     .collect(),
             })
             .collect())
-    }
-
-    /// The active revision of the owner's workload.
-    async fn active_revision(
-        &self,
-        owner: &str,
-        workload: &str,
-    ) -> Result<RevisionRecord, DeliveryError> {
-        let workloads = &self.inner.workloads;
-        let view = workloads
-            .get(owner, workload)
-            .await
-            .map_err(|e| workload_error(workload, e))?;
-        let Some(revision) = view.revision else {
-            return Err(DeliveryError::WorkloadNotReady(format!(
-                "workload {workload:?} is {}; activate a revision first",
-                view.status
-            )));
-        };
-        workloads
-            .locate(owner, workload, &revision)
-            .await
-            .map_err(|e| workload_error(workload, e))
     }
 
     async fn deliver_one(
@@ -597,24 +578,6 @@ fn invalid(message: &str) -> DeliveryError {
     DeliveryError::InvalidRequest(message.to_owned())
 }
 
-fn check_workload(name: &str) -> Result<(), DeliveryError> {
-    if is_valid_name(name) {
-        Ok(())
-    } else {
-        Err(invalid(
-            "the workload name must be at most 50 lowercase letters, digits and '-', starting and ending with a letter or digit",
-        ))
-    }
-}
-
-fn check_run_id(run_id: &str) -> Result<(), DeliveryError> {
-    if is_valid_run_id(run_id) {
-        Ok(())
-    } else {
-        Err(invalid("runId must match ^[a-z0-9][a-z0-9._-]{0,62}$"))
-    }
-}
-
 /// A pool member that is not ready, as an outcome.
 fn not_ready(m: Member) -> SandboxOutcome {
     SandboxOutcome {
@@ -682,19 +645,7 @@ fn workload_error(name: &str, e: WorkloadError) -> DeliveryError {
     match e {
         WorkloadError::NotFound(_) => DeliveryError::WorkloadNotFound(name.to_owned()),
         WorkloadError::NotReady(why) => DeliveryError::WorkloadNotReady(why),
-        // Changed between the two reads: no servable revision right now.
-        WorkloadError::RevisionNotFound(_) => DeliveryError::WorkloadNotReady(format!(
-            "workload {name:?} changed during the delivery; try again"
-        )),
         WorkloadError::StoreUnavailable(why) => DeliveryError::StoreUnavailable(why),
         other => DeliveryError::Internal(format!("reading workload {name:?}: {other}")),
     }
-}
-
-/// Milliseconds since the epoch (0 before it).
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
 }

@@ -8,13 +8,18 @@ use subtle::ConstantTimeEq;
 use super::service::not_ready;
 use super::state::{now_ms, random_bytes, sha256_hex, Inner};
 use super::{
-    rfc3339, UploadGrantView, UploadTicket, WorkloadError, WorkloadService, BUNDLE_MEDIA_TYPE,
+    rfc3339, UploadGrantView, UploadTicket, WorkloadError, WorkloadName, WorkloadService,
+    BUNDLE_MEDIA_TYPE,
 };
 use crate::store::{GrantRecord, WorkloadRecord, WorkloadStatus};
 
 impl WorkloadService {
     /// A fresh upload grant for the owner's workload `name`.
-    pub async fn grant(&self, owner: &str, name: &str) -> Result<UploadGrantView, WorkloadError> {
+    pub async fn grant(
+        &self,
+        owner: &str,
+        name: &WorkloadName,
+    ) -> Result<UploadGrantView, WorkloadError> {
         let record = self.inner.visible(owner, name).await?;
         Inner::check_uploadable(&record)?;
         let (grant, view) = self.inner.new_grant(&record);
@@ -28,7 +33,7 @@ impl WorkloadService {
     pub async fn owner_upload(
         &self,
         owner: &str,
-        name: &str,
+        name: &WorkloadName,
     ) -> Result<UploadTicket, WorkloadError> {
         let record = self.inner.visible(owner, name).await?;
         Inner::check_uploadable(&record)?;
@@ -56,9 +61,10 @@ impl WorkloadService {
         if grant.expires_at_ms < now_ms() {
             return Err(WorkloadError::GrantExpired);
         }
+        let name = WorkloadName::try_from(grant.name).map_err(|_| WorkloadError::GrantInvalid)?;
         let record = self
             .inner
-            .visible(&grant.owner, &grant.name)
+            .visible(&grant.owner, &name)
             .await
             .map_err(|_| WorkloadError::GrantInvalid)?;
         if record.uid != grant.workload_uid {

@@ -5,7 +5,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::admission::UploadGate;
-use super::names;
+use super::names::{self, Revision, WorkloadName};
 use super::recovery::{self, RecoveryReport};
 use super::settings::WorkloadSettings;
 use super::state::{blocking, now_ms, random_bytes, Inner};
@@ -24,6 +24,39 @@ pub struct CreateWorkload {
     pub name: Option<String>,
     /// Context type (default `workspace`).
     pub kind: Option<String>,
+}
+
+/// A workload's active revision as a delivery reads it, in one call
+/// ([`WorkloadService::active_bundle`]).
+#[derive(Debug, Clone)]
+pub struct ActiveBundle {
+    /// The active revision.
+    pub revision: RevisionRecord,
+    /// Its tree manifest.
+    pub manifest: TreeManifest,
+    /// Where its bundle bytes come from.
+    pub source: BundleSource,
+}
+
+/// The bundle of one located revision, opened on demand (through the
+/// cache, fetched from object storage when needed).
+#[derive(Debug, Clone)]
+pub struct BundleSource {
+    workloads: WorkloadService,
+    name: WorkloadName,
+    revision: RevisionRecord,
+}
+
+impl BundleSource {
+    /// The revision whose bundle this is.
+    pub fn revision(&self) -> &RevisionRecord {
+        &self.revision
+    }
+
+    /// Opens the bundle (see [`WorkloadService::open_bundle`]).
+    pub async fn open(&self) -> Result<CachedBundle, WorkloadError> {
+        self.workloads.open_bundle(&self.name, &self.revision).await
+    }
 }
 
 /// The workload service. Cheap to clone.
@@ -155,7 +188,11 @@ impl WorkloadService {
     }
 
     /// The owner's workload `name`.
-    pub async fn get(&self, owner: &str, name: &str) -> Result<WorkloadView, WorkloadError> {
+    pub async fn get(
+        &self,
+        owner: &str,
+        name: &WorkloadName,
+    ) -> Result<WorkloadView, WorkloadError> {
         Ok(WorkloadView::of(&self.inner.visible(owner, name).await?))
     }
 
@@ -174,13 +211,10 @@ impl WorkloadService {
     pub async fn activate(
         &self,
         owner: &str,
-        name: &str,
-        revision: &str,
+        name: &WorkloadName,
+        revision: &Revision,
     ) -> Result<WorkloadView, WorkloadError> {
-        // Checked before the lookup, so a malformed revision is always 400.
-        if !names::is_valid_revision(revision) {
-            return Err(WorkloadError::RevisionInvalid(revision.to_owned()));
-        }
+        let revision = revision.as_str();
         let mut computed: Option<(String, TreeManifest)> = None;
         loop {
             let mut record = self.inner.visible(owner, name).await?;
@@ -196,7 +230,7 @@ impl WorkloadService {
                     )));
                 }
                 WorkloadStatus::Failed => return Err(not_ready(&record)),
-                WorkloadStatus::Deleting => return Err(WorkloadError::NotFound(name.to_owned())),
+                WorkloadStatus::Deleting => return Err(WorkloadError::NotFound(name.to_string())),
                 WorkloadStatus::AwaitingUpload => {}
             }
             let mut candidate = match record.candidate.take() {
@@ -239,30 +273,59 @@ impl WorkloadService {
     pub async fn locate(
         &self,
         owner: &str,
-        name: &str,
-        revision: &str,
+        name: &WorkloadName,
+        revision: &Revision,
     ) -> Result<RevisionRecord, WorkloadError> {
         let record = self.inner.visible(owner, name).await?;
-        if !names::is_valid_revision(revision) {
-            return Err(WorkloadError::RevisionInvalid(revision.to_owned()));
-        }
         if record.status != WorkloadStatus::Ready {
             return Err(not_ready(&record));
         }
         match record.active {
-            Some(active) if active.revision == revision => Ok(active),
-            _ => Err(WorkloadError::RevisionNotFound(revision.to_owned())),
+            Some(active) if active.revision == revision.as_str() => Ok(active),
+            _ => Err(WorkloadError::RevisionNotFound(revision.to_string())),
         }
+    }
+
+    /// What a delivery needs of the owner's workload `name`, from one read
+    /// of its record: the active revision, its tree manifest and the source
+    /// of its bundle bytes (opened only when a sandbox asks for them).
+    pub async fn active_bundle(
+        &self,
+        owner: &str,
+        name: &WorkloadName,
+    ) -> Result<ActiveBundle, WorkloadError> {
+        let record = self.inner.visible(owner, name).await?;
+        let revision = match (&record.active, record.status) {
+            (Some(active), WorkloadStatus::Ready) => active.clone(),
+            (Some(_), _) => return Err(not_ready(&record)),
+            (None, status) => {
+                return Err(WorkloadError::NotReady(format!(
+                    "workload {name:?} is {}; activate a revision first",
+                    status.as_str()
+                )))
+            }
+        };
+        let manifest = self.tree_manifest(owner, name, &revision).await?;
+        let source = BundleSource {
+            workloads: self.clone(),
+            name: name.clone(),
+            revision: revision.clone(),
+        };
+        Ok(ActiveBundle {
+            revision,
+            manifest,
+            source,
+        })
     }
 
     /// The tree manifest of a located revision: the one recorded at
     /// activation, or (for revisions activated before manifests were
     /// recorded) computed from the bundle now and recorded if the revision
     /// is still active.
-    pub async fn tree_manifest(
+    async fn tree_manifest(
         &self,
         owner: &str,
-        name: &str,
+        name: &WorkloadName,
         revision: &RevisionRecord,
     ) -> Result<TreeManifest, WorkloadError> {
         if let Some(tree) = &revision.tree {
@@ -347,7 +410,7 @@ impl WorkloadService {
     /// Deletes the owner's workload `name`: marks it `deleting`, evicts its
     /// cached bytes, removes the record and its unshared blobs. A retry (or
     /// the next start) finishes an interrupted delete.
-    pub async fn delete(&self, owner: &str, name: &str) -> Result<(), WorkloadError> {
+    pub async fn delete(&self, owner: &str, name: &WorkloadName) -> Result<(), WorkloadError> {
         self.inner.delete(owner, name).await?;
         self.inner.metrics.cache(self.inner.cache.stats());
         Ok(())
@@ -372,24 +435,18 @@ impl Inner {
     pub(super) async fn visible(
         &self,
         owner: &str,
-        name: &str,
+        name: &WorkloadName,
     ) -> Result<WorkloadRecord, WorkloadError> {
-        if !names::is_valid_name(name) {
-            // An invalid name can never exist: answer like a missing one.
-            return Err(WorkloadError::NotFound(name.to_owned()));
-        }
         let found = self.store.workload(owner, name).await?;
         match found {
             Some(r) if r.status != WorkloadStatus::Deleting => Ok(r),
-            _ => Err(WorkloadError::NotFound(name.to_owned())),
+            _ => Err(WorkloadError::NotFound(name.to_string())),
         }
     }
 
     /// Marks the record `deleting`, then finishes the delete.
-    async fn delete(&self, owner: &str, name: &str) -> Result<(), WorkloadError> {
-        if !names::is_valid_name(name) {
-            return Err(WorkloadError::NotFound(name.to_owned()));
-        }
+    async fn delete(&self, owner: &str, name: &WorkloadName) -> Result<(), WorkloadError> {
+        let name = name.as_str();
         loop {
             let mut record = self
                 .store

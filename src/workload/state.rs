@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -34,13 +33,7 @@ pub(super) struct Inner {
     pub(super) temp_budget: TempBudget,
 }
 
-/// Milliseconds since the epoch (0 before it).
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
+pub(super) use crate::clock::now_ms;
 
 /// `N` bytes from the thread's CSPRNG.
 pub(super) fn random_bytes<const N: usize>() -> [u8; N] {

@@ -63,25 +63,27 @@ async fn downloads_fill_the_cache_and_delete_evicts() {
     )
     .await
     .unwrap();
-    let ticket = svc.owner_upload("o", "w").await.unwrap();
+    let w = WorkloadName::try_from("w").unwrap();
+    let ticket = svc.owner_upload("o", &w).await.unwrap();
     let rev = svc
         .upload(ticket, body(tgz(&[("f", b"data")])))
         .await
         .unwrap();
-    svc.activate("o", "w", &rev.revision).await.unwrap();
+    let revision = Revision::try_from(rev.revision.as_str()).unwrap();
+    svc.activate("o", &w, &revision).await.unwrap();
 
-    let located = svc.locate("o", "w", &rev.revision).await.unwrap();
+    let located = svc.locate("o", &w, &revision).await.unwrap();
     assert!(!cache.contains(&rev.bundle_digest));
     let opened = svc.open_bundle("w", &located).await.unwrap();
     assert!(opened.is_memory());
     assert!(cache.contains(&rev.bundle_digest));
     drop(opened);
 
-    svc.delete("o", "w").await.unwrap();
+    svc.delete("o", &w).await.unwrap();
     assert!(!cache.contains(&rev.bundle_digest));
     assert_eq!(cache.stats().resident_bytes, 0);
     assert!(matches!(
-        svc.locate("o", "w", &rev.revision).await,
+        svc.locate("o", &w, &revision).await,
         Err(WorkloadError::NotFound(_))
     ));
 }
@@ -92,6 +94,7 @@ async fn identical_bundles_share_one_blob_until_the_last_owner_deletes() {
     let cache = Arc::new(BundleCache::new(1 << 20));
     let (svc, _) = open(dir.path(), cache).await.unwrap();
     let files: &[(&str, &[u8])] = &[("same", b"bytes")];
+    let w = WorkloadName::try_from("w").unwrap();
     let mut digest = String::new();
     for owner in ["a", "b"] {
         svc.create(
@@ -103,7 +106,7 @@ async fn identical_bundles_share_one_blob_until_the_last_owner_deletes() {
         )
         .await
         .unwrap();
-        let ticket = svc.owner_upload(owner, "w").await.unwrap();
+        let ticket = svc.owner_upload(owner, &w).await.unwrap();
         digest = svc
             .upload(ticket, body(tgz(files)))
             .await
@@ -112,8 +115,8 @@ async fn identical_bundles_share_one_blob_until_the_last_owner_deletes() {
     }
     let blobs = BlobStore::open(&dir.path().join("blobs")).unwrap();
     assert!(blobs.exists(&digest));
-    svc.delete("a", "w").await.unwrap();
+    svc.delete("a", &w).await.unwrap();
     assert!(blobs.exists(&digest), "b still names it");
-    svc.delete("b", "w").await.unwrap();
+    svc.delete("b", &w).await.unwrap();
     assert!(!blobs.exists(&digest));
 }

@@ -23,7 +23,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::state::{now_ms, random_bytes};
-use super::{names, UploadTicket, WorkloadError, WorkloadService};
+use super::{names, Revision, UploadTicket, WorkloadError, WorkloadName, WorkloadService};
 use crate::auth::Owner;
 use crate::bundle::BundleError;
 use crate::cache::CachedBundle;
@@ -56,10 +56,15 @@ impl TrustedKey {
         format!("{OWNER_PREFIX}{}/{}", self.namespace, self.subject.key())
     }
 
-    /// Whether the key can name a Context at all: a name and namespace that
-    /// fail validation never exist, so they are simply not found.
-    fn is_valid(&self) -> bool {
-        is_pool_name(&self.name) && is_dns1123_label(&self.namespace)
+    /// The Context's workload name, if the key can name a Context at all: a
+    /// name and namespace that fail validation never exist, so they are
+    /// simply not found. (A Context name is a pool name, whose rule is the
+    /// workload name's.)
+    fn workload_name(&self) -> Result<WorkloadName, TrustedContextError> {
+        if !is_dns1123_label(&self.namespace) {
+            return Err(TrustedContextError::NotFound);
+        }
+        WorkloadName::try_from(self.name.as_str()).map_err(|_| TrustedContextError::NotFound)
     }
 }
 
@@ -391,12 +396,12 @@ impl WorkloadService {
         key: &TrustedKey,
         revision: &str,
     ) -> Result<TrustedContextView, TrustedContextError> {
-        check_revision(revision)?;
+        let revision = check_revision(revision)?;
         let record = self.context_record(key).await?;
         if self.inner.uploads.is_uploading(&record.uid) {
             return Err(TrustedContextError::UploadInProgress);
         }
-        self.activate(&key.owner_key(), &key.name, revision)
+        self.activate(&key.owner_key(), &key.workload_name()?, &revision)
             .await
             .map_err(|e| match e {
                 // Frozen at another revision: that revision is the current
@@ -419,11 +424,9 @@ impl WorkloadService {
         key: &TrustedKey,
         revision: &str,
     ) -> Result<RevisionRecord, TrustedContextError> {
-        check_revision(revision)?;
-        if !key.is_valid() {
-            return Err(TrustedContextError::NotFound);
-        }
-        self.locate(&key.owner_key(), &key.name, revision)
+        let revision = check_revision(revision)?;
+        let name = key.workload_name()?;
+        self.locate(&key.owner_key(), &name, &revision)
             .await
             .map_err(|e| match e {
                 WorkloadError::Internal(_) | WorkloadError::StoreUnavailable(_) => {
@@ -454,10 +457,8 @@ impl WorkloadService {
         key: &TrustedKey,
         _force: bool,
     ) -> Result<(), TrustedContextError> {
-        if !key.is_valid() {
-            return Err(TrustedContextError::NotFound);
-        }
-        self.delete(&key.owner_key(), &key.name)
+        let name = key.workload_name()?;
+        self.delete(&key.owner_key(), &name)
             .await
             .map_err(|e| match e {
                 WorkloadError::NotFound(_) => TrustedContextError::NotFound,
@@ -471,11 +472,9 @@ impl WorkloadService {
         &self,
         key: &TrustedKey,
     ) -> Result<WorkloadRecord, TrustedContextError> {
-        if !key.is_valid() {
-            return Err(TrustedContextError::NotFound);
-        }
+        let name = key.workload_name()?;
         self.inner
-            .visible(&key.owner_key(), &key.name)
+            .visible(&key.owner_key(), &name)
             .await
             .map_err(|e| match e {
                 WorkloadError::NotFound(_) => TrustedContextError::NotFound,
@@ -492,14 +491,10 @@ impl WorkloadService {
 }
 
 /// Upstream's revision check (before any lookup).
-fn check_revision(revision: &str) -> Result<(), TrustedContextError> {
-    if names::is_valid_revision(revision) {
-        Ok(())
-    } else {
-        Err(TrustedContextError::Invalid(
-            "revision must be a lowercase SHA-256 digest".to_owned(),
-        ))
-    }
+fn check_revision(revision: &str) -> Result<Revision, TrustedContextError> {
+    Revision::try_from(revision).map_err(|_| {
+        TrustedContextError::Invalid("revision must be a lowercase SHA-256 digest".to_owned())
+    })
 }
 
 /// The message of a refused bundle: the engine's reason code, then its text.

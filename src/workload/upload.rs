@@ -3,11 +3,9 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use tokio_util::io::SyncIoBridge;
 
 use super::state::{blocking, now_ms, Inner};
@@ -34,21 +32,9 @@ impl WorkloadService {
             }
         })?;
         let limits = self.inner.settings.limits.clone();
-        let max = limits.compressed_bytes;
-        let over = Arc::new(AtomicBool::new(false));
-        let flag = over.clone();
-        let mut seen = 0u64;
-        // Chunked bodies have no Content-Length: count what arrives.
-        let counted = body.map(move |chunk| {
-            let chunk = chunk?;
-            seen += chunk.len() as u64;
-            if seen > max {
-                flag.store(true, Ordering::Release);
-                return Err(io::Error::other("upload exceeds the size limit"));
-            }
-            Ok(chunk)
-        });
-        let reader = SyncIoBridge::new(tokio_util::io::StreamReader::new(Box::pin(counted)));
+        // The engine counts the compressed bytes as they arrive (chunked
+        // bodies have no Content-Length) and stops one byte past the limit.
+        let reader = SyncIoBridge::new(tokio_util::io::StreamReader::new(body));
         let temp = self.inner.blobs.temp()?;
         let out = temp.writer()?;
         let opts = CanonicalOptions {
@@ -70,10 +56,10 @@ impl WorkloadService {
             .map_err(|e| WorkloadError::Internal(format!("upload task failed: {e}")))?;
         let report = match result {
             Ok(r) => r,
-            Err(_) if over.load(Ordering::Acquire) => {
+            Err(BundleError::CompressedTooLarge { limit }) => {
                 self.inner.metrics.rejected("upload_too_large");
                 return Err(WorkloadError::TooLarge(format!(
-                    "the upload exceeds the limit of {max} bytes"
+                    "the upload exceeds the limit of {limit} bytes"
                 )));
             }
             Err(e) => {
@@ -125,13 +111,10 @@ impl WorkloadService {
     }
 }
 
-/// Maps an engine error to the API's classes. Only the compressed size is
-/// `TooLarge` (`upload_too_large`); the other size limits keep their own
-/// reason (`inflated_too_large`, ...) as a bundle rejection.
+/// Maps an engine error to the API's classes. (The compressed size, the
+/// one `TooLarge`, is answered by the caller.) The other size limits keep
+/// their own reason (`inflated_too_large`, ...) as a bundle rejection.
 fn classify_bundle_error(e: BundleError) -> WorkloadError {
-    if matches!(e, BundleError::CompressedTooLarge { .. }) {
-        return WorkloadError::TooLarge(e.to_string());
-    }
     if e.is_rejection() {
         return WorkloadError::Bundle(e);
     }

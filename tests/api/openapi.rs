@@ -530,7 +530,7 @@ async fn error_answers_are_listed_for_their_routes() {
             (
                 Method::PUT,
                 "/v1/uploads/AAAAAAAAAAAAAAAAAAAAAAAA",
-                Some(("application/gzip", b"x".to_vec())),
+                Some(("text/plain", b"x".to_vec())),
                 415,
                 "unsupported_media_type",
                 "application/vnd.rossoctl.context",

@@ -154,7 +154,7 @@ async fn a_capability_is_single_use_but_survives_failures() {
     let client = Caller::with_token(&server, token);
     assert_eq!(
         client
-            .put(url, "application/gzip", bundle("v1"))
+            .put(url, "application/octet-stream", bundle("v1"))
             .await
             .status(),
         415
@@ -231,4 +231,77 @@ async fn a_recreated_context_is_a_new_identity() {
     assert_json(put(&server, &old, bundle("old")).await, 401, &denied()).await;
     let fresh = capability(&alice, NS, "w").await;
     json_of(put(&server, &fresh, bundle("new")).await, 201).await;
+}
+
+/// The three front doors of a bundle upload (the owner's route, a workload
+/// grant, a trusted capability) take the same media types, in any case and
+/// with parameters, and refuse every other with the same answer.
+#[tokio::test]
+async fn every_upload_route_takes_the_same_media_types() {
+    let (server, _token) = server().await;
+    let owner = Caller::with_token(
+        &server,
+        server.token("alice", "workloads:read workloads:write"),
+    );
+    let created = owner.post("/v1/workloads", &json!({"name": "w"})).await;
+    assert_eq!(created.status(), 201);
+    let created: serde_json::Value = created.json().await.unwrap();
+    let alice = moca(&server, "user:alice");
+    create(&alice, NS, "c").await;
+    // A fresh credential per door: grants and capabilities are single use.
+    let mut grant = created["upload"].clone();
+    let doors = |grant: &serde_json::Value, cap: &serde_json::Value| {
+        [
+            (owner.clone(), "/v1/workloads/w/bundle".to_owned()),
+            (
+                Caller::with_token(&server, grant["token"].as_str().unwrap()),
+                grant["url"].as_str().unwrap().to_owned(),
+            ),
+            (
+                Caller::with_token(&server, cap["token"].as_str().unwrap()),
+                cap["uploadUrl"].as_str().unwrap().to_owned(),
+            ),
+        ]
+    };
+    let cap = capability(&alice, NS, "c").await;
+    let refused = |shown: &str| {
+        error_body(
+            "unsupported_media_type",
+            &format!(
+                "bundles are sent as application/vnd.rossoctl.context or application/gzip, not {shown}"
+            ),
+        )
+    };
+    for (caller, url) in doors(&grant, &cap) {
+        for ct in [
+            "text/plain",
+            "application/octet-stream",
+            "application/x-gzip",
+            "application/json",
+        ] {
+            assert_json(caller.put(&url, ct, bundle("x")).await, 415, &refused(ct)).await;
+        }
+        let resp = caller
+            .request(Method::PUT, &url)
+            .body(bundle("x"))
+            .send()
+            .await
+            .unwrap();
+        assert_json(resp, 415, &refused("(no Content-Type)")).await;
+    }
+    for ct in [
+        MEDIA,
+        "application/gzip",
+        "Application/GZIP",
+        "application/vnd.rossoctl.context; version=1",
+    ] {
+        let cap = capability(&alice, NS, "c").await;
+        for (caller, url) in doors(&grant, &cap) {
+            let resp = caller.put(&url, ct, bundle(ct)).await;
+            assert_eq!(resp.status(), 201, "{ct} to {url}");
+        }
+        let resp = owner.send(Method::POST, "/v1/workloads/w/uploads").await;
+        assert_eq!(resp.status(), 201);
+        grant = resp.json().await.unwrap();
+    }
 }

@@ -881,3 +881,53 @@ async fn bundles_larger_than_the_cache_stream_from_disk() {
         assert_eq!(unpack(&std::fs::read(&out).unwrap())[0].1, content);
     }
 }
+
+/// A name in the path is parsed once, where it enters: a name that breaks
+/// the rule can never exist, so every workload route answers it like a
+/// missing workload, after the checks that come first (the scope; a
+/// malformed revision to activate).
+#[tokio::test]
+async fn invalid_names_in_the_path_answer_like_missing_workloads() {
+    use crate::compat_support::error_body;
+    let server = TestServer::start().await;
+    let alice = Caller::user(&server, "alice");
+    uploaded(&server, "alice", "w", &[("a", b"a")]).await;
+    let missing = |name: &str| {
+        error_body(
+            "workload_not_found",
+            &format!("workload {name:?} not found"),
+        )
+    };
+    let good = "0f".repeat(32);
+    for (raw, name) in [("Bad_Name", "Bad_Name"), ("a%20b", "a b"), ("-a", "-a")] {
+        let base = format!("/v1/workloads/{raw}");
+        let answers = [
+            alice.get(&base).await,
+            alice.delete(&base).await,
+            alice.send(Method::POST, &format!("{base}/uploads")).await,
+            alice
+                .put(&format!("{base}/bundle"), MEDIA, tgz(&[("a", b"a")]))
+                .await,
+            alice
+                .post(&format!("{base}/activate"), &json!({"revision": good}))
+                .await,
+            alice.get(&format!("{base}/revisions/{good}/bundle")).await,
+            alice.get(&format!("{base}/revisions/XYZ/bundle")).await,
+        ];
+        for resp in answers {
+            crate::compat_support::assert_json(resp, 404, &missing(name)).await;
+        }
+        // The revision of an activation is checked first.
+        let resp = alice
+            .post(&format!("{base}/activate"), &json!({"revision": "XYZ"}))
+            .await;
+        assert_error(resp, 400, "revision_invalid", "XYZ").await;
+    }
+    // A workload that exists: the malformed revision is the answer.
+    let resp = alice.get("/v1/workloads/w/revisions/XYZ/bundle").await;
+    assert_error(resp, 400, "revision_invalid", "\"XYZ\"").await;
+    // The scope comes before the name.
+    let reader = Caller::with_token(&server, server.token("alice", "workloads:read"));
+    let resp = reader.delete("/v1/workloads/Bad_Name").await;
+    assert_error(resp, 403, "scope_missing", "workloads:write").await;
+}
