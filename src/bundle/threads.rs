@@ -185,8 +185,9 @@ mod tests {
             let helper = spawn(s, "bundle-test", || 8).expect("spawn");
             assert_eq!(helper.join(), Some(8));
             assert_eq!(testing::helpers_alive(), 0);
-            // Left to the scope (the regression).
-            std::mem::forget(spawn(s, "bundle-test", || 9).expect("spawn"));
+            // Its handle dropped unjoined: left to the scope (the regression).
+            let mut helper = spawn(s, "bundle-test", || 9).expect("spawn");
+            drop(helper.0.take());
         });
         let alive = testing::helpers_alive();
         testing::track_helpers(None);
