@@ -23,6 +23,7 @@ use flate2::bufread::GzDecoder;
 use super::affinity::Helper;
 use super::error::BundleError;
 use super::reader::{untrap, Trap};
+use super::threads::{spawn, Joined};
 
 /// Compressed bytes per chunk sent to the helper: each is one read of the
 /// input, which for an upload is a hop into the async runtime, so not small.
@@ -87,7 +88,7 @@ enum Out {
 }
 
 /// The caller's side: reads as the inflated stream.
-pub(crate) struct ParallelGz<R> {
+pub(crate) struct ParallelGz<'scope, R> {
     /// The helper thread, for [`ParallelGz::helper`].
     helper: Helper,
     input: R,
@@ -104,23 +105,23 @@ pub(crate) struct ParallelGz<R> {
     input_failed: Option<io::Error>,
     /// Once the member ended: whether input bytes follow it.
     trailing: Option<bool>,
+    /// Last: joined once the channels above are closed, which ends it.
+    _thread: Joined<'scope, ()>,
 }
 
-impl<R: Read> ParallelGz<R> {
+impl<'scope, R: Read> ParallelGz<'scope, R> {
     /// Starts the helper thread in `s` and sends it the first chunks of
     /// `input`, the gzip stream.
-    pub(crate) fn start<'scope>(s: &'scope Scope<'scope, '_>, input: R) -> io::Result<Self> {
+    pub(crate) fn start(s: &'scope Scope<'scope, '_>, input: R) -> io::Result<Self> {
         let (to_helper, chunks) = sync_channel::<In>(DEPTH);
         let (out, from_helper) = sync_channel::<Out>(AHEAD);
         let (free, spare) = channel::<Vec<u8>>();
         let helper = Helper::default();
         let registered = helper.clone();
-        std::thread::Builder::new()
-            .name("bundle-inflate".into())
-            .spawn_scoped(s, move || {
-                let _registered = registered.register();
-                inflate(chunks, out, spare);
-            })?;
+        let thread = spawn(s, "bundle-inflate", move || {
+            let _registered = registered.register();
+            inflate(chunks, out, spare);
+        })?;
         let mut gz = Self {
             helper,
             input,
@@ -132,6 +133,7 @@ impl<R: Read> ParallelGz<R> {
             read: 0,
             input_failed: None,
             trailing: None,
+            _thread: thread,
         };
         for _ in 0..DEPTH {
             gz.feed(None);
@@ -202,7 +204,7 @@ impl<R: Read> ParallelGz<R> {
     }
 }
 
-impl<R: Read> Read for ParallelGz<R> {
+impl<R: Read> Read for ParallelGz<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let cur = self.cur.data();

@@ -23,6 +23,7 @@ mod path;
 mod reader;
 mod report;
 mod spool;
+mod threads;
 mod tree;
 
 pub use budget::TempBudget;
@@ -32,6 +33,8 @@ pub use limits::{CanonicalOptions, Limits};
 pub use manifest::{manifest_of_bundle, ManifestError, TreeManifest};
 pub use pack::pack_dir;
 pub use report::{Inspection, Report};
+#[doc(hidden)]
+pub use threads::testing;
 
 /// Chunk size for copies: large enough that per-call costs vanish. Here,
 /// not in the canonical writer, because the spool and the context layout

@@ -21,13 +21,14 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
-use std::thread::{Scope, ScopedJoinHandle};
+use std::thread::Scope;
 
 use flate2::Crc;
 use sha2::{Digest, Sha256};
 
 use super::pgzip::{self, Body, Compressed, PieceCompressor, PIECE};
 use crate::bundle::budget::{Charge, Charged};
+use crate::bundle::threads::{spawn, testing, Joined};
 
 /// A piece of the canonical tar, shared by the hasher and a worker.
 pub(crate) type Piece = Arc<PieceBuf>;
@@ -268,10 +269,11 @@ impl Dispatch {
     }
 }
 
-/// Handles on the writer and worker threads.
+/// Handles on the writer and worker threads. Dropped unjoined (a panic),
+/// it waits for them: drop the [`Dispatch`] first.
 pub(crate) struct Engine<'scope> {
-    writer: ScopedJoinHandle<'scope, io::Result<Written>>,
-    workers: Vec<ScopedJoinHandle<'scope, ()>>,
+    writer: Joined<'scope, io::Result<Written>>,
+    workers: Vec<Joined<'scope, ()>>,
 }
 
 impl<'scope> Engine<'scope> {
@@ -285,29 +287,28 @@ impl<'scope> Engine<'scope> {
         temp_dir: Option<&'env Path>,
         charge: Charge,
     ) -> io::Result<(Dispatch, Self)> {
+        let n = deflate_threads(threads);
+        // Declared before the channels: if a spawn fails, the senders are
+        // dropped first, so the workers started end and are joined.
+        let mut workers = Vec::with_capacity(n);
         let (slot_tx, slot_rx) = sync_channel(SLOTS);
         let (item_tx, item_rx) = channel();
         let (job_tx, job_rx) = channel::<Job>();
         let job_rx = Arc::new(Mutex::new(job_rx));
         let pool: Pool = Arc::default();
-        let n = deflate_threads(threads);
-        let mut workers = Vec::with_capacity(n);
         for _ in 0..n {
             let jobs = job_rx.clone();
             let items = item_tx.clone();
             let pool = pool.clone();
-            let handle = std::thread::Builder::new()
-                .name("bundle-deflate".into())
-                .spawn_scoped(s, move || worker(level, &jobs, &items, &pool))?;
-            workers.push(handle);
+            workers.push(spawn(s, "bundle-deflate", move || {
+                worker(level, &jobs, &items, &pool);
+            })?);
         }
         let temp_dir = temp_dir.map(Path::to_path_buf);
-        let writer = std::thread::Builder::new()
-            .name("bundle-writer".into())
-            .spawn_scoped(s, move || {
-                let mut w = Writer::new(out, temp_dir, charge, pool);
-                w.run(&item_rx, &slot_rx)
-            })?;
+        let writer = spawn(s, "bundle-writer", move || {
+            let mut w = Writer::new(out, temp_dir, charge, pool);
+            w.run(&item_rx, &slot_rx)
+        })?;
         Ok((
             Dispatch {
                 seq: 0,
@@ -323,11 +324,11 @@ impl<'scope> Engine<'scope> {
     /// returns what the writer wrote.
     pub(crate) fn join(self) -> io::Result<Written> {
         for w in self.workers {
-            let _ = w.join();
+            w.join();
         }
         self.writer
             .join()
-            .unwrap_or_else(|_| Err(io::Error::other("bundle writer panicked")))
+            .unwrap_or_else(|| Err(io::Error::other("bundle writer panicked")))
     }
 }
 
@@ -351,6 +352,7 @@ fn worker(level: u32, jobs: &Mutex<Receiver<Job>>, items: &Sender<(u64, Item)>, 
             Err(_) => return,
         };
         let Ok(job) = job else { return };
+        testing::jitter();
         let buf = pool
             .lock()
             .ok()
@@ -415,6 +417,7 @@ impl<'o, W: BundleOut> Writer<'o, W> {
             early.insert(seq, item);
             while let Some(item) = early.remove(&next) {
                 next += 1;
+                testing::jitter();
                 self.apply(item)?;
                 // Frees the slot this item held.
                 let _ = slots.try_recv();
@@ -558,19 +561,17 @@ impl<'o, W: BundleOut> Writer<'o, W> {
 
 /// Starts a thread hashing a canonical tar stream; returns the sender for
 /// its pieces (drop it to end the stream) and the handle yielding the
-/// revision.
+/// revision (drop the sender before it).
 pub(crate) fn start_hasher<'scope>(
     s: &'scope Scope<'scope, '_>,
-) -> io::Result<(SyncSender<Piece>, ScopedJoinHandle<'scope, [u8; 32]>)> {
+) -> io::Result<(SyncSender<Piece>, Joined<'scope, [u8; 32]>)> {
     let (tx, rx) = sync_channel::<Piece>(SLOTS);
-    let handle = std::thread::Builder::new()
-        .name("bundle-hash".into())
-        .spawn_scoped(s, move || {
-            let mut h = Sha256::new();
-            for piece in rx {
-                h.update(&piece[..]);
-            }
-            h.finalize().into()
-        })?;
+    let handle = spawn(s, "bundle-hash", move || {
+        let mut h = Sha256::new();
+        for piece in rx {
+            h.update(&piece[..]);
+        }
+        h.finalize().into()
+    })?;
     Ok((tx, handle))
 }

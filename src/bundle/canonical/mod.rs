@@ -32,7 +32,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 use std::rc::Rc;
-use std::thread::{Scope, ScopedJoinHandle};
+use std::thread::Scope;
 
 pub use engine::BundleOut;
 
@@ -49,6 +49,7 @@ use super::path::{canonical_cmp, CanonPath};
 use super::reader::{trip, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap};
 use super::report::{Inspection, Report};
 use super::spool::{RangeReader, Spool};
+use super::threads::Joined;
 use super::tree::{created_by, FileNode, Node, Tree};
 use compare::{Comparator, Side};
 use pgzip::PIECE;
@@ -163,8 +164,9 @@ impl Outcome {
 
 /// The speculative canonical stream (see the module docs).
 struct Speculation<'scope> {
+    /// Holds the hasher's sender: dropped before `hash` is joined.
     tar: CanonicalTar,
-    hash: ScopedJoinHandle<'scope, [u8; 32]>,
+    hash: Joined<'scope, [u8; 32]>,
     last: Option<CanonPath>,
 }
 
@@ -224,8 +226,10 @@ fn run<R: Read, W: BundleOut>(
             ),
             None => None,
         };
-        let (dispatch, engine) = match engine {
-            Some((d, e)) => (Some(Shared::new(d)), Some(e)),
+        // The dispatcher is declared last so that it drops first (the
+        // engine's threads end only once it is closed).
+        let (engine, dispatch) = match engine {
+            Some((d, e)) => (Some(e), Some(Shared::new(d))),
             None => (None, None),
         };
         let result = walk(s, input, limits, dispatch.as_ref(), temp_dir, charge);
@@ -487,7 +491,7 @@ fn finish_speculation(s: Speculation<'_>) -> Result<Option<Emitted>, BundleError
     let mut pipeline = tar.finish().map_err(storage)?;
     let tar_bytes = pipeline.bytes();
     let bundle = pipeline.finish().map_err(storage)?;
-    let revision = hash.join().map_err(|_| missing("revision"))?;
+    let revision = hash.join().ok_or_else(|| missing("revision"))?;
     if bundle == Bundle::Lost {
         return Ok(None);
     }
@@ -536,7 +540,7 @@ pub(crate) fn emit_tree<'a, 'scope>(
     let tar_bytes = pipeline.bytes();
     let bundle = pipeline.finish().map_err(storage)?;
     drop(pipeline);
-    let revision = hash.join().map_err(|_| missing("revision"))?;
+    let revision = hash.join().ok_or_else(|| missing("revision"))?;
     Ok(Emitted {
         revision,
         tar_bytes,

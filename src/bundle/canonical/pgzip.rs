@@ -14,6 +14,20 @@
 //! implementation, which [`encoding`] names; that name is recorded with
 //! every stored bundle, because the bundleDigest is the sha256 of these
 //! bytes.
+//!
+//! So a piece's deflate output must be a function of its bytes, its
+//! dictionary and the level alone, whichever worker compresses it and
+//! whatever that worker did before. Two things once leaked scheduling into
+//! it (format `pgzip1`, whose bundles differed from run to run):
+//! - a *reset* zlib-rs stream keeps its old window, and inserting the
+//!   dictionary (and later input) into the hash reads one byte past the
+//!   data, so matches depended on the piece the worker had compressed
+//!   before. Every piece now gets a fresh stream, whose window starts
+//!   zeroed;
+//! - a sync flush that ends exactly at the end of the output room is
+//!   repeated by the next call (zlib's rule), so the bytes depended on the
+//!   capacity of the recycled output buffer. The room offered now always
+//!   exceeds the largest possible output, so a piece is one call.
 
 use flate2::{Compress, Compression, Crc, FlushCompress};
 
@@ -32,8 +46,13 @@ pub(crate) const ZLIB_RS: &str = "0.6.8";
 /// Name of the encoding written at `level`, recorded with each stored
 /// bundle. Changing anything that changes the bytes changes this name.
 pub(crate) fn encoding(level: u32) -> String {
-    format!("pgzip1+zlib-rs-{ZLIB_RS}+level-{}", level.min(9))
+    format!("{FORMAT}+zlib-rs-{ZLIB_RS}+level-{}", level.min(9))
 }
+
+/// The version of this encoding: bumped whenever the same canonical tar,
+/// level and zlib-rs would give other bytes. `pgzip1` (before) could give
+/// different bytes from one run to the next (see the module docs).
+pub(crate) const FORMAT: &str = "pgzip2";
 
 /// The gzip member header (RFC 1952): deflate, no flags, mtime 0, no extra
 /// flags, OS "unknown".
@@ -108,19 +127,16 @@ pub(crate) fn stored_blocks<E>(
     Ok(())
 }
 
-/// A worker's reusable deflate state.
+/// A worker's piece compressor.
 pub(crate) struct PieceCompressor {
     level: u32,
-    deflate: Compress,
 }
 
 impl PieceCompressor {
     /// Compressor for `level` (0–9; 0 stores everything).
     pub(crate) fn new(level: u32) -> Self {
-        let level = level.min(9);
         Self {
-            level,
-            deflate: Compress::new(Compression::new(level), false),
+            level: level.min(9),
         }
     }
 
@@ -141,14 +157,15 @@ impl PieceCompressor {
                 crc,
             });
         }
-        // The dictionary goes after the reset, before any input.
-        self.deflate.reset();
+        // A fresh stream, not a reset one: a reset stream's stale window
+        // changes the output (see the module docs). Its allocation is
+        // small next to deflating a piece.
+        let mut deflate = Compress::new(Compression::new(self.level), false);
         if let Some(p) = prev {
-            self.deflate
-                .set_dictionary(&p[p.len().saturating_sub(DICT)..])?;
+            deflate.set_dictionary(&p[p.len().saturating_sub(DICT)..])?;
         }
         out.clear();
-        run(&mut self.deflate, data, FlushCompress::Sync, &mut out)?;
+        run(&mut deflate, data, FlushCompress::Sync, &mut out)?;
         Ok(Compressed {
             body: Body::Deflated(out),
             crc,
@@ -156,9 +173,17 @@ impl PieceCompressor {
     }
 }
 
+/// More than deflate can write for `len` bytes and a sync flush: a static
+/// block spends at most 9 bits a byte, a stored one 5 bytes per 64 KiB
+/// (zlib-rs' `compress_bound` is `len + len/8` and a few bytes).
+fn deflate_bound(len: usize) -> usize {
+    len + len / 8 + len / 64 + 64
+}
+
 /// Feeds all of `input` to `c` with `flush` into `out`, until the flush is
-/// complete. (Deflate at level 1 and up does not depend on the output
-/// room offered.)
+/// complete. The room offered exceeds [`deflate_bound`], so it takes one
+/// call and the bytes do not depend on `out`'s capacity: a sync flush
+/// that filled the room exactly would be repeated by a second call.
 fn run(
     c: &mut Compress,
     input: &[u8],
@@ -166,7 +191,7 @@ fn run(
     out: &mut Vec<u8>,
 ) -> Result<(), flate2::CompressError> {
     let start = c.total_in();
-    out.reserve(input.len() / 2 + 64);
+    out.reserve(deflate_bound(input.len()));
     loop {
         let done = usize::try_from(c.total_in() - start).unwrap_or(usize::MAX);
         c.compress_vec(&input[done..], out, flush)?;
@@ -208,7 +233,7 @@ mod tests {
             .map(|v| v.trim_matches('"').to_owned());
         // A new zlib-rs may deflate differently: name the new encoding.
         assert_eq!(locked.as_deref(), Some(ZLIB_RS));
-        assert_eq!(encoding(1), format!("pgzip1+zlib-rs-{ZLIB_RS}+level-1"));
+        assert_eq!(encoding(1), format!("pgzip2+zlib-rs-{ZLIB_RS}+level-1"));
     }
 
     #[test]
@@ -227,6 +252,74 @@ mod tests {
         assert!(!looks_incompressible(&mixed));
         // Too short to judge: deflated.
         assert!(!looks_incompressible(&noise(1000)));
+    }
+
+    /// Text-like bytes: words of a small vocabulary, numbers, lines.
+    fn text(seed: u64, len: usize) -> Vec<u8> {
+        let words: Vec<&str> = "fn let mut self pub struct impl use crate io Result Ok Err \
+            match Some None return the a of to bundle piece deflate worker writer hasher \
+            canonical tar gzip stream bytes"
+            .split_whitespace()
+            .collect();
+        let mut x = seed | 1;
+        let mut out = Vec::with_capacity(len + 16);
+        while out.len() < len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            match x % 16 {
+                0 => out.extend_from_slice(b"\n    "),
+                1 => out.extend_from_slice((x % 100_000).to_string().as_bytes()),
+                _ => {
+                    let w = usize::try_from(x >> 8).unwrap() % words.len();
+                    out.extend_from_slice(words[w].as_bytes());
+                    out.push(b' ');
+                }
+            }
+        }
+        out.truncate(len);
+        out
+    }
+
+    fn deflated(c: Compressed) -> Vec<u8> {
+        match c.body {
+            Body::Deflated(b) => b,
+            Body::Stored => panic!("text is deflated"),
+        }
+    }
+
+    /// Format `pgzip1` reused a reset zlib-rs stream, whose stale window
+    /// changed a piece's bytes after some other pieces (seeds 38 and 39
+    /// here; a worker's previous piece in real runs). The bytes are now
+    /// those of a fresh stream whatever the compressor did before, and
+    /// whatever buffer it is given.
+    #[test]
+    fn a_piece_does_not_depend_on_what_was_compressed_before() {
+        for seed in [38, 39] {
+            let data = text(seed, 4 * PIECE);
+            let other = text(seed + 1000, PIECE);
+            let pieces: Vec<&[u8]> = data.chunks(PIECE).collect();
+            for i in 1..pieces.len() {
+                let (piece, prev) = (pieces[i], Some(pieces[i - 1]));
+                let fresh = deflated(
+                    PieceCompressor::new(1)
+                        .compress(piece, prev, Vec::new())
+                        .unwrap(),
+                );
+                let mut used = PieceCompressor::new(1);
+                used.compress(&other, None, Vec::new()).unwrap();
+                let after = used.compress(piece, prev, Vec::new()).unwrap();
+                assert!(deflated(after) == fresh, "seed {seed}, piece {i}");
+                // A recycled buffer of any capacity: the same bytes.
+                for cap in [fresh.len(), fresh.len() + 1, fresh.len() + 5, 3 * PIECE] {
+                    let again = used.compress(piece, prev, Vec::with_capacity(cap)).unwrap();
+                    assert!(
+                        deflated(again) == fresh,
+                        "seed {seed}, piece {i}, capacity {cap}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
