@@ -106,10 +106,13 @@ fn gzip_bomb_stops_at_the_inflated_limit_with_flat_memory() {
         canonical_peak / 1024
     );
     // Buffers are a handful of 256 KiB chunks plus zlib state: a few MiB,
-    // against 1.25 GiB inflated.
+    // against 1.25 GiB inflated. Canonicalising also holds each deflate
+    // worker's output room, a whole deflate bound of its piece (so that a
+    // piece is one deflate call and its bytes never depend on the room:
+    // format pgzip2), hence the larger allowance.
     assert!(inspect_peak < 8 * MIB, "inspect peak {inspect_peak} bytes");
     assert!(
-        canonical_peak < 8 * MIB,
+        canonical_peak < 12 * MIB,
         "canonicalize peak {canonical_peak} bytes"
     );
 }
