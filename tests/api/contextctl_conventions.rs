@@ -281,18 +281,25 @@ echo "${{COMPREPLY[*]}}""#,
 /// message.
 #[test]
 fn a_closed_stdout_ends_the_command_quietly() {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
     use std::os::unix::process::ExitStatusExt as _;
     use std::process::Stdio;
     for args in [&["completion", "bash"][..], &["--help"][..]] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_contextctl"))
+        // A pipe whose reader is closed before the command starts: every
+        // write meets a pipe without a reader, however fast the child is.
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe(2) returns;
+        // each is owned exactly once below.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe(2)");
+        let (reader, writer) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(reader);
+        let child = Command::new(env!("CARGO_BIN_EXE_contextctl"))
             .args(args)
-            .stdout(Stdio::piped())
+            .stdout(Stdio::from(writer))
             .stderr(Stdio::piped())
             .spawn()
             .expect("contextctl runs");
-        // Closed before the first write: every write meets a pipe without
-        // a reader, whatever the pipe's buffer size.
-        drop(child.stdout.take());
         let out = child.wait_with_output().expect("contextctl ends");
         assert_eq!(
             String::from_utf8_lossy(&out.stderr),
