@@ -122,7 +122,11 @@ fn temp_files(data_dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-#[tokio::test]
+// Multi-threaded, and the child is started off the runtime: replica B's
+// database connections run on this test's runtime, and a blocked runtime
+// would leave B's transactions unfinished (holding their locks) while A
+// starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_upload_leaves_no_partial_state_and_no_orphan_after_collection() {
     let Some(bucket) = bucket() else { return };
     let raw = raw(&bucket);
@@ -138,7 +142,7 @@ async fn a_replica_killed_mid_upload_leaves_no_partial_state_and_no_orphan_after
     let a_dir = tempfile::tempdir().unwrap();
     share_auth(&b.data_dir, a_dir.path());
     let args = ["--database-url", db.expose(), "--blob-url", &blob_url];
-    let mut a = Process::start(a_dir.path(), &args);
+    let mut a = start_replica(a_dir.path(), &args).await;
 
     let alice_b = Caller::user(&b, "alice");
     let created = json_of(
@@ -243,11 +247,23 @@ async fn a_replica_killed_mid_upload_leaves_no_partial_state_and_no_orphan_after
 
     // A's next start clears what the crash left on its disk: temp files,
     // and the copy nothing names.
-    let restarted = Process::start(a_dir.path(), &args);
+    let restarted = start_replica(a_dir.path(), &args).await;
     assert_eq!(temp_files(a_dir.path()), Vec::<PathBuf>::new());
     assert!(!local_blob(a_dir.path(), &orphan).exists());
     let shown = restarted
         .get_json("/v1/workloads/docs", &b.user_token("alice"))
         .await;
     assert_eq!(shown["candidateRevision"], uploaded["revision"], "{shown}");
+}
+
+/// `Process::start` (which blocks until the child listens) off the runtime.
+async fn start_replica(dir: &std::path::Path, args: &[&str]) -> Process {
+    let dir = dir.to_owned();
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Process::start(&dir, &args)
+    })
+    .await
+    .expect("the replica starts")
 }

@@ -48,9 +48,12 @@ impl Process {
         let deadline = Instant::now() + Duration::from_secs(60);
         let addr = loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .unwrap_or_else(|e| panic!("no `listening` line: {e}"));
+            let line = rx.recv_timeout(left).unwrap_or_else(|e| {
+                panic!(
+                    "no `listening` line: {e}; stderr: {:?}",
+                    lines.lock().unwrap()
+                )
+            });
             let Ok(log) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
