@@ -56,16 +56,12 @@ const LAYERS: &[&[&str]] = &[
     ],
 ];
 
-/// Arrows inside a module left out of the loop check: (module, from, to).
-/// None today; an entry here is a loop someone has promised to remove.
-const PENDING: &[(&str, &str, &str)] = &[];
-
 #[test]
 fn no_loop_and_no_upward_arrow() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     read_tree(&root.join("src"), "src", &mut files);
-    let problems = check(&files, LAYERS, PENDING);
+    let problems = check(&files, LAYERS);
     assert!(
         problems.is_empty(),
         "the import graph breaks the layer order of src/lib.rs:\n{}",
@@ -98,13 +94,8 @@ fn read_tree(dir: &Path, prefix: &str, files: &mut Vec<(String, String)>) {
 }
 
 /// The problems of the tree `files` (`src/...` paths and their text)
-/// against `layers` (but the `pending` arrows inside modules), one line
-/// (or block) each with `file:line`.
-fn check(
-    files: &[(String, String)],
-    layers: &[&[&str]],
-    pending: &[(&str, &str, &str)],
-) -> Vec<String> {
+/// against `layers`, one line (or block) each with `file:line`.
+fn check(files: &[(String, String)], layers: &[&[&str]]) -> Vec<String> {
     let parsed: Vec<Parsed> = files
         .iter()
         .filter_map(|(path, text)| Some(parse(path, module_of(path)?, text)))
@@ -199,9 +190,7 @@ fn check(
                 } else {
                     continue; // the parent's own item
                 };
-                let parent_name = parent.join("::");
-                let excused = pending.contains(&(parent_name.as_str(), from.as_str(), to.as_str()));
-                if from != to && !excused {
+                if from != to {
                     edges
                         .entry((from.clone(), to.clone()))
                         .or_default()
@@ -738,7 +727,7 @@ mod checker {
             ("src/tree/c.rs", "use super::a;\n"),
             ("src/tree/tests.rs", "use super::a::*;\nuse super::c::*;\n"),
         ]);
-        let problems = check(&tree, LAYERS, &[]);
+        let problems = check(&tree, LAYERS);
         let all = problems.join("\n");
         assert!(
             all.contains("src/mid.rs:4: `mid` → `high` goes up the layers"),
@@ -776,9 +765,9 @@ mod checker {
             ),
             ("src/low.rs", "pub const N: u32 = 1;\n"),
         ]);
-        assert_eq!(check(&tree, LAYERS, &[]), Vec::<String>::new());
+        assert_eq!(check(&tree, LAYERS), Vec::<String>::new());
         let tree = files(&[("src/lib.rs", "pub mod nowhere;\n"), ("src/nowhere.rs", "")]);
-        let problems = check(&tree, LAYERS, &[]);
+        let problems = check(&tree, LAYERS);
         assert!(
             problems[0].contains("module `nowhere` has no layer"),
             "{problems:?}"
@@ -795,7 +784,7 @@ mod checker {
                 "#[arg(default_value_t = crate::high::N)]\nstruct S;\n#[cfg(test)]\nmod tests {\n    use crate::high;\n}\n",
             ),
         ]);
-        let problems = check(&tree, LAYERS, &[]);
+        let problems = check(&tree, LAYERS);
         assert_eq!(
             problems,
             [
