@@ -58,6 +58,15 @@ fn run_key(owner: &str, workload: &str, run_id: &str) -> String {
     format!("{}{run_id}", runs_prefix(owner, workload))
 }
 
+/// The record stored under `key` in `table`, decoded.
+fn read<T: serde::de::DeserializeOwned>(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<T>, StoreError> {
+    let value = table.get(key).map_err(db_err)?;
+    value.map(|v| decode(key, v.value())).transpose()
+}
+
 fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         key: key.to_owned(),
@@ -189,8 +198,7 @@ impl Tables {
         let key = workload_key(owner, name);
         let txn = self.db.begin_read().map_err(db_err)?;
         let table = txn.open_table(WORKLOADS).map_err(db_err)?;
-        let value = table.get(key.as_str()).map_err(db_err)?;
-        value.map(|v| decode(&key, v.value())).transpose()
+        read(&table, &key)
     }
 
     fn workloads_of(&self, owner: &str) -> Result<Vec<WorkloadRecord>, StoreError> {
@@ -372,8 +380,7 @@ impl Tables {
         let key = run_key(owner, workload, run_id);
         let txn = self.db.begin_read().map_err(db_err)?;
         let table = txn.open_table(RUNS).map_err(db_err)?;
-        let value = table.get(key.as_str()).map_err(db_err)?;
-        value.map(|v| decode(&key, v.value())).transpose()
+        read(&table, &key)
     }
 
     fn runs_of(&self, owner: &str, workload: &str) -> Result<Vec<RunRecord>, StoreError> {
@@ -396,11 +403,7 @@ impl Tables {
         let txn = self.db.begin_write().map_err(db_err)?;
         let stored = {
             let mut table = txn.open_table(RUNS).map_err(db_err)?;
-            let current: Option<RunRecord> = table
-                .get(key.as_str())
-                .map_err(db_err)?
-                .map(|v| decode(&key, v.value()))
-                .transpose()?;
+            let current: Option<RunRecord> = read(&table, &key)?;
             let stored = RunRecord::merged(current, run)?;
             table
                 .insert(key.as_str(), encode(&stored)?.as_slice())
@@ -422,11 +425,7 @@ impl Tables {
         let txn = self.db.begin_write().map_err(db_err)?;
         let left = {
             let mut table = txn.open_table(RUNS).map_err(db_err)?;
-            let current: Option<RunRecord> = table
-                .get(key.as_str())
-                .map_err(db_err)?
-                .map(|v| decode(&key, v.value()))
-                .transpose()?;
+            let current: Option<RunRecord> = read(&table, &key)?;
             let Some(current) = current else {
                 return Ok(None);
             };
