@@ -62,7 +62,8 @@ async fn full_lifecycle_through_the_typed_client() {
     assert_eq!(rev2.revision, rev.revision);
 
     let got = client.workload("docs").await.unwrap();
-    assert_eq!(got.status, "awaiting_upload");
+    // An upload waits for activation.
+    assert_eq!(got.status, "awaiting_activation");
     assert_eq!(
         got.candidate_revision.as_deref(),
         Some(rev.revision.as_str())
