@@ -1,8 +1,14 @@
 //! The docs' shell examples, run: every fenced `sh` block of README.md or a
 //! page under `docs/` that follows a `<!-- tested ... -->` line runs under
 //! `bash -e` against a local service, with the built `contextctl` first on
-//! `PATH`, so the docs cannot drift from the CLI. Also: every relative link
-//! between the pages resolves, to a file and a heading.
+//! `PATH`, so the docs cannot drift from the CLI. A block marked
+//! `<!-- tested, same shell -->` continues the one before it, in the same
+//! shell (its variables and working directory), as in a reader's terminal.
+//! The `#> ` lines of a block show what its commands print, and are
+//! compared with it (`shown`). Also: every relative link between the pages
+//! resolves, to a file and a heading.
+
+mod shown;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -52,9 +58,10 @@ pub(crate) fn marked_block(marker: &str) -> String {
     panic!("no doc page has the marker {marker:?}");
 }
 
-/// The blocks marked as tested, in page order.
+/// The blocks marked as tested, in page order; a `same shell` block is
+/// joined to the one before it.
 fn tested_blocks(readme: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
+    let mut blocks: Vec<String> = Vec::new();
     let mut lines = readme.lines();
     while let Some(line) = lines.next() {
         if !line.starts_with("<!-- tested") {
@@ -65,51 +72,87 @@ fn tested_blocks(readme: &str) -> Vec<String> {
             Some("```sh"),
             "a tested marker must precede a ```sh block"
         );
-        let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
-        blocks.push(body.join("\n"));
+        let body = lines
+            .by_ref()
+            .take_while(|l| *l != "```")
+            .collect::<Vec<_>>()
+            .join("\n");
+        match blocks.last_mut() {
+            Some(before) if line.starts_with("<!-- tested, same shell") => {
+                before.push('\n');
+                before.push_str(&body);
+            }
+            None if line.starts_with("<!-- tested, same shell") => {
+                panic!("a `same shell` block continues no block:\n{body}")
+            }
+            _ => blocks.push(body),
+        }
     }
     blocks
 }
 
-/// The files the examples name: `./src`, `./my-workload`.
-fn fixtures(dir: &Path) {
+/// The directory the examples start in, as a reader's is: the repository's
+/// (`target/release` holds the built `contextctl`, `data` is the service's
+/// data dir), with the files the pages under `docs/` name (`./src`,
+/// `./my-workload`; the README tour makes its own) and a `tmp` for
+/// `mktemp`.
+fn workdir(dir: &Path, bin_dir: &Path, data_dir: &Path) {
     for sub in ["src", "my-workload"] {
         std::fs::create_dir_all(dir.join(sub).join("docs")).unwrap();
         std::fs::write(dir.join(sub).join("docs/guide.md"), "guide\n").unwrap();
         std::fs::write(dir.join(sub).join("README.md"), "# example\n").unwrap();
     }
+    std::fs::create_dir_all(dir.join("target")).unwrap();
+    std::os::unix::fs::symlink(bin_dir, dir.join("target/release")).unwrap();
+    std::os::unix::fs::symlink(data_dir, dir.join("data")).unwrap();
+    std::fs::create_dir(dir.join("tmp")).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_examples_run() {
     let mut blocks = Vec::new();
+    let mut marked = 0;
     for (path, text) in doc_pages() {
         let found = tested_blocks(&text);
-        eprintln!("{}: {} tested blocks", path.display(), found.len());
+        let here = text
+            .lines()
+            .filter(|l| l.starts_with("<!-- tested"))
+            .count();
+        eprintln!(
+            "{}: {here} tested blocks, {} shells",
+            path.display(),
+            found.len()
+        );
+        marked += here;
         blocks.extend(found);
     }
-    // As many as README.md held before the pages under docs/ took most of
-    // them: moving a block must not drop it.
-    assert!(blocks.len() >= 6, "found {} tested blocks", blocks.len());
+    // At least as many as README.md held before the pages under docs/ took
+    // most of them: moving a block must not drop it.
+    assert!(marked >= 6, "found {marked} tested blocks");
     let commands = blocks
         .iter()
         .flat_map(|b| b.lines())
         .filter(|l| l.trim_start().starts_with("contextctl "))
         .count();
-    eprintln!(
-        "{} tested blocks, {commands} contextctl examples",
-        blocks.len()
-    );
+    eprintln!("{marked} tested blocks, {commands} contextctl examples");
     assert!(commands >= 39, "only {commands} contextctl examples");
 
     // The warm pool the pool examples claim from.
     let server =
         TestServer::start_with(|c| c.local_warm_pools = vec!["research-agents".into()]).await;
     let work = tempfile::tempdir().unwrap();
-    fixtures(work.path());
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_contextctl"))
         .parent()
         .expect("bin dir");
+    workdir(work.path(), bin_dir, &server.data_dir);
+    let blocks: Vec<shown::Checked> = blocks.iter().map(|b| shown::Checked::new(b)).collect();
+    // The README tour shows what it prints: taking the `#>` lines out
+    // would silently stop checking it.
+    let shown_lines: usize = blocks.iter().map(|b| b.shown_lines()).sum();
+    assert!(
+        shown_lines >= 40,
+        "only {shown_lines} lines of shown output"
+    );
     let path = format!(
         "{}:{}",
         bin_dir.display(),
@@ -119,8 +162,9 @@ async fn readme_examples_run() {
         let out = tokio::process::Command::from({
             let mut cmd = Command::new("bash");
             cmd.arg("-ec")
-                .arg(&block)
+                .arg(&block.script)
                 .current_dir(work.path())
+                .env("TMPDIR", work.path().join("tmp"))
                 .env("PATH", &path)
                 .env("CONTEXT_SERVICE_URL", &server.base)
                 .env("CS_DATA_DIR", &server.data_dir)
@@ -133,11 +177,15 @@ async fn readme_examples_run() {
         .expect("bash runs");
         assert!(
             out.status.success(),
-            "doc block failed ({}):\n{block}\n--- stdout\n{}\n--- stderr\n{}",
+            "doc block failed ({}):\n{}\n--- stdout\n{}\n--- stderr\n{}",
             out.status,
+            block.script,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        if let Err(diff) = block.verify(&String::from_utf8_lossy(&out.stdout)) {
+            panic!("a doc block's shown output is wrong: {diff}");
+        }
     }
 }
 
