@@ -302,12 +302,7 @@ impl WorkloadService {
         let revision = match (&record.active, record.status) {
             (Some(active), WorkloadStatus::Ready) => active.clone(),
             (Some(_), _) => return Err(not_ready(&record)),
-            (None, status) => {
-                return Err(WorkloadError::NotReady(format!(
-                    "workload {name:?} is {}; activate a revision first",
-                    status.as_str()
-                )))
-            }
+            (None, _) => return Err(not_ready(&record)),
         };
         let manifest = self.tree_manifest(owner, name, &revision).await?;
         let source = BundleSource {
@@ -435,11 +430,19 @@ impl WorkloadService {
 pub(super) fn not_ready(record: &WorkloadRecord) -> WorkloadError {
     let why = match (&record.status, &record.failure) {
         (WorkloadStatus::Failed, Some(f)) => format!("workload {:?} failed: {f}", record.name),
-        _ => format!(
-            "workload {:?} is {}; activate a revision first",
-            record.name,
-            record.status.as_str()
-        ),
+        // Said with the status the API shows, so an upload that waits
+        // for activation is not called `awaiting_upload`.
+        _ => match super::view::shown_status(record) {
+            Some(super::view::ShownStatus::AwaitingActivation) => format!(
+                "workload {:?} is awaiting_activation; activate its uploaded revision first",
+                record.name
+            ),
+            shown => format!(
+                "workload {:?} is {}; activate a revision first",
+                record.name,
+                shown.map_or(record.status.as_str(), |s| s.as_str())
+            ),
+        },
     };
     WorkloadError::NotReady(why)
 }

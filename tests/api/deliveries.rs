@@ -963,6 +963,20 @@ async fn workload_state_scopes_and_delegation() {
         "workload \"empty\" is awaiting_upload; activate a revision first",
     )
     .await;
+    // An upload that waits for activation is named as such.
+    server
+        .client("alice")
+        .upload_bundle("empty", tgz(FILES))
+        .await
+        .unwrap();
+    let resp = deliver(&alice, "empty", body.clone()).await;
+    assert_error(
+        resp,
+        409,
+        "workload_not_ready",
+        "workload \"empty\" is awaiting_activation; activate its uploaded revision first",
+    )
+    .await;
     assert_eq!(probe.execs.load(Ordering::SeqCst), 0);
 
     ready_workload(&server, "alice", "w", FILES).await;
