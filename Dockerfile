@@ -19,7 +19,9 @@ RUN mkdir -p src/bin benches tests \
 
 # The sources: only what the binaries are built from.
 COPY src ./src
-RUN cargo build --release --locked --bins \
+# The commit, compiled in for `context_service_build_info` (src/metrics.rs).
+ARG REVISION=unknown
+RUN CONTEXT_SERVICE_GIT_COMMIT="${REVISION}" cargo build --release --locked --bins \
  && install -D -m 0755 target/release/context-service /out/context-service \
  && install -D -m 0755 target/release/contextctl /out/contextctl
 

@@ -12,6 +12,7 @@ use crate::auth::{secret, Authenticator, KeySet, Owner, OwnerScope, ServiceToken
 use crate::config::ServeConfig;
 use crate::delivery::{DeliveryDeps, DeliveryService, SandboxExec};
 use crate::fsutil;
+use crate::fsutil::lock::DataDirLock;
 use crate::metrics::Metrics;
 use crate::pool::metrics::{self as pool_metrics, PoolMetrics};
 use crate::pool::validate::TtlBounds;
@@ -57,6 +58,8 @@ pub struct AppState {
     pub deliveries: Option<DeliveryService>,
     /// Cleared when shutdown begins.
     pub readiness: Readiness,
+    /// The data dir's lock, held while any clone of the state lives.
+    _data_dir_lock: Arc<DataDirLock>,
 }
 
 /// Wraps the backend's exec port, e.g. to count or corrupt execs in tests.
@@ -104,6 +107,9 @@ impl AppState {
         let delivery_settings = config.delivery_settings()?;
         fsutil::ensure_dir(&config.data_dir, 0o700)
             .with_context(|| format!("creating the data dir {}", config.data_dir.display()))?;
+        // Before anything under the data dir is written: a second service
+        // there must change nothing (it once rewrote the development token).
+        let data_dir_lock = Arc::new(DataDirLock::acquire(&config.data_dir)?);
         make_data_dir_private(config);
         let auth = Arc::new(build_authenticator(config)?);
         let service_token = load_service_token(config)?.map(Arc::new);
@@ -158,6 +164,7 @@ impl AppState {
             workloads,
             deliveries,
             readiness: Readiness::default(),
+            _data_dir_lock: data_dir_lock,
         })
     }
 }
@@ -216,7 +223,28 @@ fn build_authenticator(config: &ServeConfig) -> anyhow::Result<Authenticator> {
         let secret = secret::parse_secret_file(&contents).with_context(setting)?;
         keys.set_hs256_secret(&secret).with_context(setting)?;
     }
+    if let (Some(path), true) = (&config.jwks_file, keys.is_empty()) {
+        // Starts anyway (the keys may be on their way, e.g. a Secret being
+        // filled in), but say so: otherwise every 401 looks like the
+        // client's fault.
+        tracing::warn!(
+            jwks = %path.display(),
+            "{}",
+            empty_jwks_warning(path)
+        );
+    }
     Ok(Authenticator::new(keys, policy))
+}
+
+/// The start-up warning of a JWKS without keys (and no HS256 secret).
+pub fn empty_jwks_warning(path: &std::path::Path) -> String {
+    format!(
+        "the JWKS {} holds no keys and no --hs256-secret-file is set: every request with a token \
+         will be refused (401 token_invalid). Put your token issuer's public keys in it (as \
+         deploy/base/secret.yaml's jwks.json), or leave --jwks-file/CS_JWKS_FILE unset to use \
+         the embedded development issuer",
+        path.display()
+    )
 }
 
 /// The owner-scope key: from `--owner-scope-secret-file` (shared by

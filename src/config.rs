@@ -308,7 +308,8 @@ pub struct ServeConfig {
 
     /// On SIGTERM or SIGINT, how long `/readyz` answers `503` while new
     /// connections are still served, so that load balancers stop sending
-    /// traffic before the listener closes (`0s`: close at once).
+    /// traffic before the listener closes (`0s`: close at once). SIGINT
+    /// (Ctrl-C) ends it early once no request is in flight.
     #[arg(long, env = "CS_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: std::time::Duration,
 

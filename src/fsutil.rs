@@ -3,6 +3,9 @@
 //! private files: everything the service creates under its data dir is
 //! `0600` (files) or `0700` (directories) whatever the umask, and
 //! [`make_private`] tightens a data dir made by older versions or by hand.
+//! The data dir's lock is in [`lock`].
+
+pub mod lock;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

@@ -2,7 +2,11 @@
 //! counts requests by route and status, and the `/metrics` text endpoint.
 //!
 //! Services register their own metrics (cache, bundles, allocations) on the
-//! same registry through [`Metrics::registry`].
+//! same registry through [`Metrics::with_registry`]. Besides them,
+//! `/metrics` carries `context_service_build_info` and the standard process
+//! metrics ([`process`]), which have no prefix.
+
+pub mod process;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -37,10 +41,34 @@ pub struct RefusalLabels {
     pub limit: &'static str,
 }
 
+/// Labels of `context_service_build_info`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate version.
+    pub version: &'static str,
+    /// The commit built, or `unknown` (see [`git_commit`]).
+    pub git_commit: &'static str,
+}
+
+/// The environment variable naming the commit being built (the Dockerfile
+/// passes its `REVISION` build argument); read at compile time.
+pub const GIT_COMMIT_ENV: &str = "CONTEXT_SERVICE_GIT_COMMIT";
+
+/// The commit this binary was built from, or `unknown` when the build did
+/// not say (see [`GIT_COMMIT_ENV`]).
+pub fn git_commit() -> &'static str {
+    match option_env!("CONTEXT_SERVICE_GIT_COMMIT") {
+        Some(c) if !c.trim().is_empty() => c.trim(),
+        _ => "unknown",
+    }
+}
+
 /// The process's metrics.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
+    /// Metrics under their standard names (no `context_service_` prefix).
+    standard: Arc<Registry>,
     requests: Family<HttpLabels, Counter>,
     latency: Family<HttpLabels, Histogram>,
     connections_open: Gauge,
@@ -102,8 +130,23 @@ impl Metrics {
             "Response bytes sent by sendfile(2) from cached bundles, without a copy",
             sendfile_bytes.clone(),
         );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                git_commit: git_commit(),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "The version and commit of this build; always 1",
+            build_info,
+        );
+        let mut standard = Registry::default();
+        standard.register_collector(Box::new(process::ProcessCollector));
         Self {
             registry: Arc::new(Mutex::new(registry)),
+            standard: Arc::new(standard),
             requests,
             latency,
             connections_open,
@@ -123,8 +166,11 @@ impl Metrics {
 
     /// The registry in the Prometheus text format.
     pub fn render(&self) -> Result<String, std::fmt::Error> {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
-        self.with_registry(|r| prometheus_client::encoding::text::encode(&mut out, r))?;
+        self.with_registry(|r| encode_registry(&mut out, r))?;
+        encode_registry(&mut out, &self.standard)?;
+        encode_eof(&mut out)?;
         Ok(out)
     }
 
@@ -223,5 +269,43 @@ mod tests {
                 "other"
             );
         }
+    }
+
+    #[test]
+    fn build_info_and_process_metrics_are_rendered_once_before_eof() {
+        let text = Metrics::new().render().unwrap();
+        let want = format!(
+            "context_service_build_info{{version=\"{}\",git_commit=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION"),
+            git_commit()
+        );
+        assert!(text.contains(&want), "{text}");
+        for name in [
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_max_fds",
+            "process_virtual_memory_bytes",
+            "process_resident_memory_bytes",
+            "process_start_time_seconds",
+        ] {
+            let line = text
+                .lines()
+                .find(|l| l.split(' ').next() == Some(name))
+                .unwrap_or_else(|| panic!("no {name}: {text}"));
+            let value: f64 = line[name.len() + 1..].parse().unwrap();
+            // CPU time moves in clock ticks (10 ms): it may still be 0.
+            let least = if name == "process_cpu_seconds_total" {
+                0.0
+            } else {
+                1.0
+            };
+            assert!(value >= least, "{line}");
+            assert!(
+                text.contains(&format!("# TYPE {} ", name.trim_end_matches("_total"))),
+                "{text}"
+            );
+        }
+        assert_eq!(text.matches("# EOF").count(), 1);
+        assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -4,7 +4,8 @@
 //! (`--blob-url`).
 //!
 //! * The source is opened read-only and only while no service holds it
-//!   ([`RedbSource`]); nothing under the data dir is written.
+//!   ([`RedbSource`]; the data dir's lock is held throughout); nothing under
+//!   the data dir is written.
 //! * Per workload, in this order: each bundle it names (candidate, active)
 //!   is hashed and checked against the record, uploaded unless an object of
 //!   that size is there, and read back and checked again; only then the
@@ -24,6 +25,7 @@ use std::process::ExitCode;
 use serde::de::DeserializeOwned;
 
 use crate::clock::now_ms;
+use crate::fsutil::lock::{DataDirLock, LockError};
 use crate::store::{
     hash_file, is_digest, DatabaseUrl, GrantRecord, MetadataStore, ObjectBlobs, ObjectError,
     PostgresStore, PutOutcome, RedbSource, RevisionRecord, SourceRecord, StoreError,
@@ -196,6 +198,13 @@ fn print_summary(config: &MigrateConfig, r: &Report) {
 /// failures of a whole store end it early.
 pub async fn run(config: &MigrateConfig) -> Result<Report, MigrateError> {
     let dir = &config.from_data_dir;
+    // Held to the end: no service may start on the source meanwhile.
+    let _lock = DataDirLock::acquire_existing(dir).map_err(|e| match e {
+        LockError::InUse { .. } => {
+            MigrateError::Other(format!("{e}: stop it first; migrate must be its only user"))
+        }
+        LockError::Io { .. } => MigrateError::Other(e.to_string()),
+    })?;
     let secret = read_server_secret(dir)?;
     let source = RedbSource::open(&dir.join("store").join("meta.redb"))?;
     let version = source.schema_version()?;

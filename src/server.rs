@@ -1,6 +1,7 @@
 //! Binding, serving and graceful shutdown.
 
 mod conn;
+mod in_flight;
 mod sendfile;
 
 use std::future::Future;
@@ -15,6 +16,18 @@ use crate::app::{AppState, BuildOptions};
 use crate::config::ServeConfig;
 
 pub use conn::ConnectionLimits;
+use in_flight::InFlight;
+
+/// Which signal asked the process to stop; they differ in the grace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGINT (Ctrl-C): someone at a terminal. The grace ends as soon as
+    /// no request is in flight; on an idle server at once.
+    Interrupt,
+    /// SIGTERM (Kubernetes, systemd): the whole grace, busy or idle, as
+    /// load balancers may still send new requests until they notice.
+    Terminate,
+}
 
 /// A bound, ready-to-run server.
 pub struct Server {
@@ -97,27 +110,53 @@ impl Server {
     /// served; then both listeners close (new connections are refused) and
     /// in-flight requests get the shutdown timeout to finish, after which
     /// the connections still open are closed. Returns once no connection
-    /// holds the application state any more.
+    /// holds the application state any more. The whole grace is kept, as
+    /// on [`StopSignal::Terminate`].
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        self.run_until(async move {
+            shutdown.await;
+            StopSignal::Terminate
+        })
+        .await
+    }
+
+    /// [`Server::run`] until `signal` says which signal arrived: on
+    /// [`StopSignal::Interrupt`] the grace ends as soon as no request is
+    /// in flight.
+    pub async fn run_until(
+        self,
+        signal: impl Future<Output = StopSignal> + Send + 'static,
     ) -> anyhow::Result<()> {
         let metrics = self.state.metrics.clone();
         let readiness = self.state.readiness.clone();
         let separate_metrics = self.metrics_listener.is_some();
         let app = api::router(self.state, self.request_limits, !separate_metrics);
+        let in_flight = InFlight::default();
         // Both listeners stop on the one shutdown signal, after the grace.
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let times = self.shutdown;
+        let busy = in_flight.clone();
         tokio::spawn(async move {
-            shutdown.await;
+            let signal = signal.await;
             readiness.drain();
             tracing::info!(
                 grace = ?times.grace,
                 timeout = ?times.timeout,
+                ?signal,
                 "shutting down: /readyz answers 503; the listener closes after the grace"
             );
-            tokio::time::sleep(times.grace).await;
+            match signal {
+                StopSignal::Terminate => tokio::time::sleep(times.grace).await,
+                StopSignal::Interrupt => {
+                    tokio::select! {
+                        () = tokio::time::sleep(times.grace) => {}
+                        () = busy.idle() => tracing::info!("no request in flight: the grace is skipped"),
+                    }
+                }
+            }
             let _ = stop.send(true);
         });
         let on_stop = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
@@ -131,6 +170,7 @@ impl Server {
                 metrics.clone(),
                 on_stop(stopped.clone()),
                 times.timeout,
+                in_flight.clone(),
             ))
         });
         conn::serve(
@@ -140,6 +180,7 @@ impl Server {
             metrics,
             on_stop(stopped),
             times.timeout,
+            in_flight,
         )
         .await;
         if let Some(task) = metrics_server {
@@ -249,30 +290,36 @@ fn fit_to_fd_limit(max_connections: usize) -> usize {
     max_connections
 }
 
-/// Completes on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
+/// Listens for SIGINT and SIGTERM from now on (so call it before logging
+/// that the service listens: a signal right after must not find the default
+/// action, which ends the process without a clean close); the future
+/// completes with the first of them to arrive.
+pub fn shutdown_signal() -> impl Future<Output = StopSignal> + Send + 'static {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listen = |kind: SignalKind, name: &'static str| {
+        let listener = signal(kind);
+        if let Err(e) = &listener {
+            tracing::warn!(error = %e, "cannot listen for {name}");
+        }
+        async move {
+            match listener {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
         }
     };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    let interrupt = listen(SignalKind::interrupt(), "SIGINT");
+    let terminate = listen(SignalKind::terminate(), "SIGTERM");
+    async move {
+        let signal = tokio::select! {
+            () = interrupt => StopSignal::Interrupt,
+            () = terminate => StopSignal::Terminate,
+        };
+        tracing::info!(?signal, "shutdown signal received");
+        signal
     }
-    tracing::info!("shutdown signal received");
 }
 
 #[cfg(test)]

@@ -211,7 +211,12 @@ async fn migrate_copies_a_single_replica_into_postgres_and_object_storage() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains("is in use (a context-service still runs on it?): stop it first"),
+        stderr.contains(&format!(
+            "data dir {} in use by another context-service (pid {}): stop it first; \
+             migrate must be its only user",
+            source.data_dir.display(),
+            std::process::id()
+        )),
         "{stderr}"
     );
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");

@@ -3,6 +3,7 @@
 
 pub mod answer;
 pub mod body;
+pub mod challenge;
 pub mod decode;
 mod deliveries;
 pub mod error;
@@ -75,6 +76,7 @@ pub fn router(state: AppState, limits: RequestLimits, with_metrics: bool) -> Rou
         // Last, so it wraps every route above and counts their timeouts.
         .route_layer(track.clone())
         .route_layer(middleware::from_fn(answer::record))
+        .route_layer(middleware::from_fn(challenge::bearer))
         // Unknown paths answer like Go's mux, counted under one `unmatched`
         // route label.
         .fallback(mux::not_found.layer(track))

@@ -10,6 +10,7 @@ mod error;
 mod keys;
 mod owner;
 mod principal;
+mod refusal;
 mod scope;
 pub mod secret;
 mod service;
@@ -18,13 +19,13 @@ pub use error::AuthError;
 pub use keys::{KeyError, KeySet, VerifyingKey, MIN_RSA_BITS};
 pub use owner::{Owner, OwnerScope, MAX_SUBJECT_NAME};
 pub use principal::Principal;
+pub use refusal::NOT_A_JWT;
 pub use scope::Scope;
 pub use service::{ServiceCaller, ServiceToken, ServiceTokenError, MIN_SERVICE_TOKEN_BYTES};
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{decode, decode_header, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -132,8 +133,7 @@ impl Authenticator {
 
     /// Verifies signature, algorithm, `iss`, `aud`, `exp` and `nbf`.
     pub fn verify(&self, token: &str) -> Result<Claims, AuthError> {
-        let header = decode_header(token)
-            .map_err(|e| AuthError::token_invalid(format!("malformed token: {e}")))?;
+        let header = decode_header(token).map_err(|e| refusal::malformed(&e))?;
         let key = self
             .keys
             .select(header.kid.as_deref(), header.alg)
@@ -151,25 +151,8 @@ impl Authenticator {
         validation.set_required_spec_claims(&required);
         validation.leeway = self.policy.leeway_secs;
         validation.validate_nbf = true;
-        let data = decode::<Claims>(token, key.decoding_key(), &validation).map_err(|e| match e
-            .kind()
-        {
-            ErrorKind::ExpiredSignature => AuthError::TokenExpired,
-            ErrorKind::ImmatureSignature => AuthError::token_invalid("the token is not valid yet"),
-            ErrorKind::InvalidIssuer => {
-                AuthError::token_invalid("the token's issuer is not trusted")
-            }
-            ErrorKind::InvalidAudience => {
-                AuthError::token_invalid("the token is not meant for this service")
-            }
-            ErrorKind::InvalidSignature => {
-                AuthError::token_invalid("the token's signature does not verify")
-            }
-            ErrorKind::MissingRequiredClaim(c) => {
-                AuthError::token_invalid(format!("the token lacks the claim {c:?}"))
-            }
-            _ => AuthError::token_invalid(format!("the token does not verify: {e}")),
-        })?;
+        let data = decode::<Claims>(token, key.decoding_key(), &validation)
+            .map_err(|e| refusal::refused(&e))?;
         if data.claims.sub.is_empty() {
             return Err(AuthError::token_invalid("the token's subject is empty"));
         }

@@ -429,3 +429,46 @@ fn the_maximum_lifetime_bounds_exp_minus_iat() {
         .unwrap();
     assert_eq!(claims.exp - claims.iat.unwrap(), 3600);
 }
+
+#[test]
+fn garbage_tokens_are_refused_in_plain_words() {
+    let f = fixture();
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let header = b64(r#"{"alg":"EdDSA","kid":"nope"}"#);
+    let not_json = "the bearer token is not a valid JWT: its header is not a JSON object naming a supported \"alg\"";
+    let cases = [
+        ("not-a-jwt", NOT_A_JWT),
+        ("a.b", NOT_A_JWT),
+        ("!!.!!.!!", NOT_A_JWT),
+        (&*format!("{}.e30.sig", b64("not json")), not_json),
+        (&*format!("{}.e30.sig", b64(r#"{"alg":"XX999"}"#)), not_json),
+        (
+            &*format!("{header}.e30.sig"),
+            "no trusted key matches the token's kid and algorithm",
+        ),
+    ];
+    for (token, message) in cases {
+        assert_eq!(
+            refused(f.auth.authenticate(token, None)),
+            AuthError::token_invalid(message),
+            "{token}"
+        );
+    }
+    // Signed claims of the wrong shape; a signature that is not base64url.
+    let shape = "the token's claims are not a JSON object with the expected types (strings for sub, iss and scope, numbers for exp, iat and nbf)";
+    let mut wrong_type = serde_json::to_value(claims("a", "")).unwrap();
+    wrong_type["sub"] = serde_json::json!(5);
+    let good = es256_token(&serde_json::to_value(claims("a", "")).unwrap());
+    let unsigned = format!("{}.!!", good.rsplit_once('.').unwrap().0);
+    for (token, message) in [
+        (es256_token(&serde_json::json!([1])), shape),
+        (es256_token(&wrong_type), shape),
+        (unsigned, NOT_A_JWT),
+    ] {
+        assert_eq!(
+            refused(f.auth.authenticate(&token, None)),
+            AuthError::token_invalid(message),
+            "{token}"
+        );
+    }
+}

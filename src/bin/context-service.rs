@@ -82,8 +82,10 @@ fn main() -> ExitCode {
 /// handle on the store, to tell whether it was closed.
 async fn serve(config: ServeConfig) -> anyhow::Result<Weak<dyn MetadataStore>> {
     let server = Server::bind(&config).await?;
+    // Before "listening": a signal from then on stops the service cleanly.
+    let signal = shutdown_signal();
     let store = server.state().workloads.store_handle();
     tracing::info!(addr = %server.local_addr()?, metrics_addr = ?server.metrics_addr()?, data_dir = %config.data_dir.display(), database = ?config.database_url, backend = ?config.backend, "listening");
-    server.run(shutdown_signal()).await?;
+    server.run_until(signal).await?;
     Ok(store)
 }

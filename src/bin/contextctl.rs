@@ -25,7 +25,8 @@ Exit status:
   0  the command succeeded
   1  it failed: the service refused or could not be reached, a bundle was rejected,
      `wait` timed out (the reason is one line on stderr)
-  2  usage error: unknown command or flag, bad value, an --output the command cannot print"
+  2  usage error: unknown command or flag, a missing or bad value, an --output the command
+     cannot print"
 )]
 struct Cli {
     /// Output format.

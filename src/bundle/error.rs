@@ -231,6 +231,13 @@ pub enum BundleError {
         /// What the decoder said.
         detail: String,
     },
+    /// The input does not start with gzip's magic bytes (e.g. an
+    /// uncompressed tar, or a zip).
+    #[error("{}", fmt_not_gzip(*bare_tar))]
+    NotGzip {
+        /// The input is an uncompressed tar (`ustar` magic at offset 257).
+        bare_tar: bool,
+    },
     /// Bytes after the end of the gzip stream.
     #[error("trailing bytes after the gzip stream")]
     TrailingGarbage,
@@ -293,6 +300,19 @@ fn fmt_entry(entry: &Option<String>) -> String {
     }
 }
 
+/// What a bundle upload must be, after the refusal of one that is not gzip.
+pub const BUNDLE_EXPECTED: &str = "a bundle is a gzip-compressed tar (e.g. `tar -czf bundle.tgz -C <dir> .`), or upload a directory and contextctl packs it";
+
+fn fmt_not_gzip(bare_tar: bool) -> String {
+    if bare_tar {
+        format!("the upload is a tar archive without gzip compression; {BUNDLE_EXPECTED}")
+    } else {
+        format!(
+            "the upload is not gzip (it does not start with the bytes 1f 8b); {BUNDLE_EXPECTED}"
+        )
+    }
+}
+
 impl BundleError {
     /// The stable snake_case reason code (API error bodies, metrics labels,
     /// `contextctl` JSON output).
@@ -323,7 +343,7 @@ impl BundleError {
             BundleError::UnknownEntryType { .. } => "unknown_entry_type",
             BundleError::PaxGlobalHeader { .. } => "pax_global_header",
             BundleError::TruncatedGzip => "truncated_gzip",
-            BundleError::InvalidGzip { .. } => "invalid_gzip",
+            BundleError::InvalidGzip { .. } | BundleError::NotGzip { .. } => "invalid_gzip",
             BundleError::TrailingGarbage => "trailing_garbage",
             BundleError::TruncatedTar { .. } => "truncated_tar",
             BundleError::TarTrailingData => "tar_trailing_data",
@@ -371,6 +391,7 @@ impl BundleError {
             | BundleError::PaxGlobalHeader { .. }
             | BundleError::TruncatedGzip
             | BundleError::InvalidGzip { .. }
+            | BundleError::NotGzip { .. }
             | BundleError::TrailingGarbage
             | BundleError::TarTrailingData
             | BundleError::Internal { .. } => None,

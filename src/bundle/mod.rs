@@ -28,7 +28,7 @@ mod tree;
 
 pub use budget::TempBudget;
 pub use canonical::{canonicalize, canonicalize_async, encoding, inspect, BundleOut, AS_UPLOADED};
-pub use error::{BundleError, DeviceKind, LinkKind};
+pub use error::{BundleError, DeviceKind, LinkKind, BUNDLE_EXPECTED};
 pub use limits::{CanonicalOptions, Limits};
 pub use manifest::{manifest_of_bundle, ManifestError, TreeManifest};
 pub use pack::pack_dir;

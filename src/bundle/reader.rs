@@ -88,14 +88,12 @@ impl<R: Read> CompressedCounter<R> {
     }
 }
 
-impl<R: Read> Read for CompressedCounter<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        // Never ask for more than one byte past the limit.
-        let room = self.limit.saturating_sub(self.count).saturating_add(1);
-        let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
-        let n = loop {
-            match self.inner.read(&mut buf[..want]) {
-                Ok(n) => break n,
+impl<R: Read> CompressedCounter<R> {
+    /// One read of the source; a failure is an I/O error, not the bundle's.
+    fn read_source(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.inner.read(buf) {
+                Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(source) => {
                     return Err(trip(
@@ -107,7 +105,45 @@ impl<R: Read> Read for CompressedCounter<R> {
                     ))
                 }
             }
-        };
+        }
+    }
+}
+
+/// Bytes of the input's start looked at before the decoder sees them:
+/// enough for the magic of an uncompressed tar (`ustar` at offset 257).
+const SNIFF: usize = 262;
+
+/// [`BundleError::NotGzip`] when `start` (the input's first bytes) is not
+/// gzip's magic, so that an uncompressed tar or a zip is named as such
+/// rather than as a broken gzip header.
+fn not_gzip(start: &[u8]) -> Option<BundleError> {
+    if start.len() < 2 || start[..2] == [0x1f, 0x8b] {
+        return None;
+    }
+    Some(BundleError::NotGzip {
+        bare_tar: start.get(257..262) == Some(b"ustar".as_slice()),
+    })
+}
+
+impl<R: Read> Read for CompressedCounter<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // Never ask for more than one byte past the limit.
+        let room = self.limit.saturating_sub(self.count).saturating_add(1);
+        let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let mut n = self.read_source(&mut buf[..want])?;
+        if self.count == 0 && n > 0 {
+            // The first bytes: read up to SNIFF of them before judging.
+            let sniff = want.min(SNIFF);
+            while n < sniff {
+                match self.read_source(&mut buf[n..sniff])? {
+                    0 => break,
+                    more => n += more,
+                }
+            }
+            if let Some(e) = not_gzip(&buf[..n]) {
+                return Err(trip(&self.trap, e));
+            }
+        }
         self.count += n as u64;
         if self.count > self.limit {
             return Err(trip(

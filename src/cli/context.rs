@@ -2,8 +2,7 @@
 
 use std::process::ExitCode;
 
-use super::pool::upstream_error;
-use super::{print_doc, ConnectionArgs, OutputFormat};
+use super::{print_doc, values, About as _, ConnectionArgs, OutputFormat};
 use crate::pool::view::{ContextVolume, ContextVolumeStorage, CreateContextVolume};
 
 /// `contextctl context ...`.
@@ -26,15 +25,21 @@ Examples:
   contextctl create readers -n 3 --claim context-docs --read-only")]
     Create {
         /// Context name (lowercase, at most 50 characters).
+        #[arg(value_parser = values::pool_name)]
         name: String,
         /// Namespace.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", value_parser = values::namespace)]
         namespace: String,
         /// workspace, memory, knowledge or artifacts.
-        #[arg(long = "type", default_value = "workspace")]
+        #[arg(
+            long = "type",
+            value_name = "TYPE",
+            default_value = "workspace",
+            value_parser = ["workspace", "memory", "knowledge", "artifacts"]
+        )]
         context_type: String,
-        /// Size.
-        #[arg(short = 's', long, default_value = "1Gi")]
+        /// Size, a Kubernetes quantity.
+        #[arg(short = 's', long, default_value = "1Gi", value_parser = values::size)]
         size: String,
         /// ReadWriteMany instead of ReadWriteOnce (needed to mount it in
         /// several sandboxes).
@@ -53,7 +58,7 @@ Examples:
         /// Context name.
         name: String,
         /// Namespace.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", value_parser = values::namespace)]
         namespace: String,
     },
     /// List your named contexts in a namespace.
@@ -63,7 +68,7 @@ Examples:
   contextctl context ls -o name        # context/docs, one a line")]
     Ls {
         /// Namespace.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", value_parser = values::namespace)]
         namespace: String,
     },
     /// Delete a named context (succeeds when there is none).
@@ -74,9 +79,14 @@ Examples:
         /// Context name.
         name: String,
         /// Namespace.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", value_parser = values::namespace)]
         namespace: String,
     },
+}
+
+/// `context "<namespace>/<name>"`: what a failed context call names.
+fn context_what(namespace: &str, name: &str) -> String {
+    format!("context \"{namespace}/{name}\"")
 }
 
 fn line(c: &ContextVolume) -> String {
@@ -141,21 +151,22 @@ pub async fn run(
                     storage_class,
                 },
             };
-            let created = client.create_volume(&req).await.map_err(upstream_error)?;
+            let what = context_what(&req.namespace, &req.name);
+            let created = client.create_volume(&req).await.about(|| what)?;
             show(&created, output)?;
         }
         ContextCommand::Get { name, namespace } => {
             let c = client
                 .get_volume(&namespace, &name)
                 .await
-                .map_err(upstream_error)?;
+                .about(|| context_what(&namespace, &name))?;
             show(&c, output)?;
         }
         ContextCommand::Ls { namespace } => {
             let list = client
                 .list_volumes(&namespace)
                 .await
-                .map_err(upstream_error)?;
+                .about(|| format!("contexts in namespace {namespace:?}"))?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(&list, output)?,
                 OutputFormat::Name => list
@@ -171,7 +182,7 @@ pub async fn run(
             client
                 .delete_volume(&namespace, &name)
                 .await
-                .map_err(upstream_error)?;
+                .about(|| context_what(&namespace, &name))?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(
                     &serde_json::json!({ "deleted": format!("{namespace}/{name}") }),

@@ -7,6 +7,10 @@
 use std::process::ExitCode;
 
 pub mod bundle;
+pub mod call;
+pub mod values;
+
+pub use call::{About, CallFailed};
 
 /// How a command prints its result (`-o/--output`, as kubectl spells it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -60,8 +64,11 @@ pub const EXIT_USAGE: u8 = 2;
 /// [`EXIT_USAGE`] for a [`UsageError`], else [`EXIT_FAILURE`].
 pub fn fail(err: &anyhow::Error) -> ExitCode {
     eprintln!("contextctl: {err:#}");
+    let client_error = err
+        .downcast_ref::<crate::client::ClientError>()
+        .or_else(|| err.downcast_ref::<CallFailed>().map(|c| &c.error));
     let bad_url = matches!(
-        err.downcast_ref::<crate::client::ClientError>(),
+        client_error,
         Some(crate::client::ClientError::InvalidUrl(_))
     );
     if err.is::<UsageError>() || bad_url {
@@ -166,7 +173,10 @@ pub async fn health(conn: &ConnectionArgs, output: OutputFormat) -> anyhow::Resu
         return Err(output.unsupported("health"));
     }
     let client = conn.settings().client()?;
-    let status = client.health().await?;
+    let status = client
+        .health()
+        .await
+        .about(|| client.base_url().to_owned())?;
     if output.is_document() {
         print_doc(&status, output)?;
     } else {

@@ -3,20 +3,13 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-
-use super::{print_doc, ConnectionArgs, OutputFormat};
+use super::{print_doc, values, About as _, CallFailed, ConnectionArgs, OutputFormat, UsageError};
 use crate::client::ClientError;
 use crate::pool::view::{CreatePool, CreateWorkspace, Pool};
 
-/// An API failure as upstream's `contextctl` prints it: the service's
-/// message alone when it sent one (`contextctl: sandbox pool not found`),
-/// else the whole error.
-pub fn upstream_error(err: ClientError) -> anyhow::Error {
-    match err {
-        ClientError::Api { body, .. } if !body.message.is_empty() => anyhow::anyhow!(body.message),
-        other => other.into(),
-    }
+/// `pool "<name>"`: what a failed pool call names.
+fn pool_what(name: &str) -> String {
+    format!("pool {name:?}")
 }
 
 /// Environment variable with the default StorageClass of `create -c`.
@@ -42,12 +35,13 @@ Examples:
   contextctl wait team && contextctl get team")]
 pub struct CreateArgs {
     /// Pool name (lowercase, at most 50 characters).
+    #[arg(value_parser = values::pool_name)]
     pub name: String,
-    /// Number of sandboxes.
-    #[arg(short = 'n', long = "replicas", default_value_t = 1)]
+    /// Number of sandboxes (1 to 100).
+    #[arg(short = 'n', long = "replicas", default_value_t = 1, value_parser = values::replicas)]
     pub replicas: i64,
-    /// Workspace size [default: 1Gi].
-    #[arg(short = 's', long = "size")]
+    /// Workspace size, a Kubernetes quantity [default: 1Gi].
+    #[arg(short = 's', long = "size", value_parser = values::size)]
     pub size: Option<String>,
     /// StorageClass of the workspace [default: $CS_STORAGE_CLASS].
     #[arg(short = 'c', long = "storage-class")]
@@ -56,7 +50,7 @@ pub struct CreateArgs {
     #[arg(long)]
     pub shared: bool,
     /// Mount this existing volume (PVC) instead of creating one.
-    #[arg(long, value_name = "PVC")]
+    #[arg(long, value_name = "PVC", value_parser = values::object_name)]
     pub claim: Option<String>,
     /// Mount the --claim volume read-only.
     #[arg(long)]
@@ -65,11 +59,11 @@ pub struct CreateArgs {
     #[arg(long)]
     pub read_write: bool,
     /// Claim the sandboxes from this SandboxWarmPool.
-    #[arg(long, value_name = "POOL")]
+    #[arg(long, value_name = "POOL", value_parser = values::object_name)]
     pub warm_pool: Option<String>,
     /// Lifetime of the pool, e.g. `2h` or `30m`; the service deletes it
     /// then. Default: until deleted.
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", value_parser = values::pool_ttl)]
     pub ttl: Option<String>,
     /// Same as `--output json` (upstream compatibility).
     #[arg(long, hide = true)]
@@ -77,7 +71,8 @@ pub struct CreateArgs {
 }
 
 impl CreateArgs {
-    /// The request these flags describe, or why they do not fit together.
+    /// The request these flags describe, or why they do not fit together
+    /// (a [`UsageError`]).
     pub fn request(&self) -> anyhow::Result<CreatePool> {
         let given = [
             ("shared", self.shared),
@@ -96,18 +91,23 @@ impl CreateArgs {
         };
         if let Some(pool) = &self.warm_pool {
             if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
-                anyhow::bail!("--warm-pool cannot be combined with --{flag}");
+                return Err(
+                    UsageError(format!("--warm-pool cannot be combined with --{flag}")).into(),
+                );
             }
             req.warm_pool_ref = Some(pool.clone());
             return Ok(req);
         }
         if let Some(claim) = &self.claim {
             if self.read_only == self.read_write {
-                anyhow::bail!("--claim requires exactly one of --read-only or --read-write");
+                return Err(UsageError(
+                    "--claim requires exactly one of --read-only or --read-write".to_owned(),
+                )
+                .into());
             }
             // Upstream ignores these silently; saying so is kinder.
             if let Some((flag, _)) = given[..1].iter().chain(&given[4..]).find(|(_, set)| *set) {
-                anyhow::bail!("--claim cannot be combined with --{flag}");
+                return Err(UsageError(format!("--claim cannot be combined with --{flag}")).into());
             }
             req.workspace = CreateWorkspace {
                 claim_name: Some(claim.clone()),
@@ -117,7 +117,9 @@ impl CreateArgs {
             return Ok(req);
         }
         if self.read_only || self.read_write {
-            anyhow::bail!("--read-only and --read-write require --claim");
+            return Err(
+                UsageError("--read-only and --read-write require --claim".to_owned()).into(),
+            );
         }
         let storage_class = self
             .storage_class
@@ -266,7 +268,10 @@ pub async fn create(
 ) -> anyhow::Result<ExitCode> {
     let req = args.request()?;
     let client = conn.settings().client()?;
-    let pool = client.create_pool(&req).await.map_err(upstream_error)?;
+    let pool = client
+        .create_pool(&req)
+        .await
+        .about(|| pool_what(&req.name))?;
     print_pool(&pool, format_of(output, args.json), false)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -278,7 +283,10 @@ pub async fn get(
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     let client = conn.settings().client()?;
-    let pool = client.get_pool(&args.name).await.map_err(upstream_error)?;
+    let pool = client
+        .get_pool(&args.name)
+        .await
+        .about(|| pool_what(&args.name))?;
     print_pool(&pool, format_of(output, args.json), true)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -286,7 +294,7 @@ pub async fn get(
 /// Runs `contextctl ls`.
 pub async fn ls(conn: &ConnectionArgs, output: OutputFormat) -> anyhow::Result<ExitCode> {
     let client = conn.settings().client()?;
-    let list = client.list_pools().await.map_err(upstream_error)?;
+    let list = client.list_pools().await.about(|| "pools".to_owned())?;
     match output {
         OutputFormat::Json | OutputFormat::Yaml => print_doc(&list, output)?,
         OutputFormat::Name => list
@@ -314,11 +322,12 @@ pub async fn rm(
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     let client = conn.settings().client()?;
-    // A missing pool fails (exit 1, `contextctl: sandbox pool not found`).
+    // A missing pool fails (exit 1, `contextctl: pool "team": 404 Not
+    // Found: sandbox pool not found (not_found)`).
     client
         .delete_pool(&args.name)
         .await
-        .map_err(upstream_error)?;
+        .about(|| pool_what(&args.name))?;
     match output {
         OutputFormat::Json | OutputFormat::Yaml => {
             print_doc(&serde_json::json!({ "deleted": args.name }), output)?;
@@ -342,7 +351,7 @@ pub async fn set_suspended(
     } else {
         client.resume_pool(&args.name).await
     }
-    .map_err(upstream_error)?;
+    .about(|| pool_what(&args.name))?;
     print_pool(&pool, output, false)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -421,8 +430,7 @@ pub async fn wait(
                     Duration::from_secs(1).min(deadline.saturating_duration_since(Instant::now()));
                 tokio::time::sleep(pause).await;
             }
-            Err(e @ ClientError::Api { .. }) => return Err(upstream_error(e)),
-            Err(e) => return Err(e).with_context(|| format!("waiting for {}", args.name)),
+            Err(e) => return Err(CallFailed::new(pool_what(&args.name), e).into()),
         }
     }
 }

@@ -32,7 +32,7 @@ Examples:
   contextctl token mint --sub ci --scope 'workloads:read' -o json")]
     Mint {
         /// Subject (the owner the token speaks for).
-        #[arg(long)]
+        #[arg(long, value_parser = super::values::subject)]
         sub: String,
         /// Space-separated scopes [default: every user scope].
         #[arg(long)]
@@ -92,7 +92,6 @@ pub fn run(
             issuer,
             audience,
         }) => {
-            anyhow::ensure!(!sub.trim().is_empty(), "--sub must not be empty");
             let issuer_key = DevIssuer::load(&data_dir)?;
             let policy = TokenPolicy {
                 issuer,

@@ -7,11 +7,12 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{print_doc, ConnectionArgs, OutputFormat};
+use super::{print_doc, values, About as _, CallFailed, ConnectionArgs, OutputFormat};
 use crate::bundle::{self, CanonicalOptions, Limits};
 use crate::client::deliveries::DeliverBody;
 use crate::client::{Client, ClientError};
-use crate::delivery::{RunView, SandboxOutcome, Verify};
+use crate::delivery::{RunId, RunView, SandboxOutcome, Verify};
+use crate::workload::names::CONTEXT_TYPES;
 use crate::workload::WorkloadView;
 
 /// `contextctl workload ...`.
@@ -34,9 +35,10 @@ Examples:
   contextctl workload create --type knowledge -o json   # generated name, upload grant")]
     Create {
         /// Name: lowercase letters, digits and '-', at most 50 [default: wl-<8 hex>].
+        #[arg(value_parser = values::workload_name)]
         name: Option<String>,
-        /// Context type: workspace, state, memory, knowledge or artifacts.
-        #[arg(long = "type", short = 't')]
+        /// Context type [default: workspace].
+        #[arg(long = "type", short = 't', value_name = "TYPE", value_parser = CONTEXT_TYPES)]
         kind: Option<String>,
     },
     /// Upload a directory (packed here) or a bundle file; prints the revision.
@@ -58,6 +60,7 @@ Examples:
         /// The workload.
         name: String,
         /// The revision (64 hex digits).
+        #[arg(value_parser = values::revision)]
         revision: Option<String>,
     },
     /// Show a workload.
@@ -87,7 +90,7 @@ Examples:
         /// The workload.
         name: String,
         /// The revision [default: the active one].
-        #[arg(long)]
+        #[arg(long, value_parser = values::revision)]
         revision: Option<String>,
         /// Output file [default: <name>-<revision prefix>.tar.gz].
         #[arg(long = "file", short = 'f')]
@@ -106,22 +109,26 @@ Examples:
     },
     /// Deliver the active revision into a sandbox, or into every ready
     /// sandbox of one of your pools, as a run.
-    #[command(after_help = "\
+    #[command(
+        group(clap::ArgGroup::new("target").required(true).args(["sandbox", "pool"])),
+        after_help = "\
 Examples:
   contextctl workload deliver docs --sandbox sandbox-team-0 --run build-1
-  contextctl workload deliver docs --pool team --run build-2 --verify full -o wide")]
+  contextctl workload deliver docs --pool team --run build-2 --verify full -o wide"
+    )]
     Deliver {
         /// The workload.
         name: String,
-        /// The sandbox.
-        #[arg(long, conflicts_with = "pool", required_unless_present = "pool")]
+        /// The sandbox (this or --pool).
+        #[arg(long)]
         sandbox: Option<String>,
-        /// The pool (every ready sandbox of it).
+        /// The pool: every ready sandbox of it (this or --sandbox).
         #[arg(long)]
         pool: Option<String>,
-        /// The run id: lowercase letters, digits, '.', '_' and '-', at most 63.
-        #[arg(long)]
-        run: String,
+        /// The run id: 1 to 63 lowercase letters, digits, '.', '_' or '-',
+        /// starting with a letter or digit.
+        #[arg(long, value_parser = values::run_id)]
+        run: RunId,
         /// How a revision already in the sandbox is verified.
         #[arg(long, value_enum)]
         verify: Option<VerifyArg>,
@@ -134,8 +141,8 @@ Examples:
         /// The workload.
         name: String,
         /// The run id.
-        #[arg(long)]
-        run: String,
+        #[arg(long, value_parser = values::run_id)]
+        run: RunId,
     },
     /// List the live runs of a workload and where they are.
     #[command(after_help = "\
@@ -184,7 +191,11 @@ pub async fn run(
         WorkloadCommand::Create { name, kind } => {
             let view = client
                 .create_workload(name.as_deref(), kind.as_deref())
-                .await?;
+                .await
+                .about(|| match &name {
+                    Some(name) => workload_what(name),
+                    None => "a new workload".to_owned(),
+                })?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
                 OutputFormat::Name => println!("workload/{}", view.name),
@@ -197,13 +208,17 @@ pub async fn run(
                 Some(r) => r,
                 None => client
                     .workload(&name)
-                    .await?
+                    .await
+                    .about(|| workload_what(&name))?
                     .candidate_revision
                     .with_context(|| {
                         format!("workload {name} has no uploaded revision waiting; upload first or name a revision")
                     })?,
             };
-            let view = client.activate_workload(&name, &revision).await?;
+            let view = client
+                .activate_workload(&name, &revision)
+                .await
+                .about(|| workload_what(&name))?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
                 OutputFormat::Name => println!("workload/{}", view.name),
@@ -213,15 +228,26 @@ pub async fn run(
             }
         }
         WorkloadCommand::Get { name } => {
-            let view = client.workload(&name).await?;
+            let view = client
+                .workload(&name)
+                .await
+                .about(|| workload_what(&name))?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(&view, output)?,
                 OutputFormat::Name => println!("workload/{}", view.name),
-                OutputFormat::Text | OutputFormat::Wide => print_view(&view),
+                // The columns of `ls` (`ls -o wide`), then the rest.
+                OutputFormat::Text => {
+                    print_table(std::slice::from_ref(&view));
+                    print_details(&view);
+                }
+                OutputFormat::Wide => {
+                    print_wide_table(std::slice::from_ref(&view));
+                    print_details(&view);
+                }
             }
         }
         WorkloadCommand::Ls => {
-            let list = client.workloads().await?;
+            let list = client.workloads().await.about(|| "workloads".to_owned())?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(&list, output)?,
                 OutputFormat::Name => list.iter().for_each(|v| println!("workload/{}", v.name)),
@@ -236,9 +262,14 @@ pub async fn run(
         } => {
             let revision = match revision {
                 Some(r) => r,
-                None => client.workload(&name).await?.revision.with_context(|| {
-                    format!("workload {name} is not active yet; activate a revision first")
-                })?,
+                None => client
+                    .workload(&name)
+                    .await
+                    .about(|| workload_what(&name))?
+                    .revision
+                    .with_context(|| {
+                        format!("workload {name} is not active yet; activate a revision first")
+                    })?,
             };
             let out = file.unwrap_or_else(|| {
                 PathBuf::from(format!(
@@ -256,7 +287,7 @@ pub async fn run(
                 })
                 .await;
             bar.finish_and_clear();
-            let report = report?;
+            let report = report.about(|| workload_what(&name))?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => print_doc(&report, output)?,
                 // Refused before the download started.
@@ -269,7 +300,10 @@ pub async fn run(
             }
         }
         WorkloadCommand::Rm { name } => {
-            client.delete_workload(&name).await?;
+            client
+                .delete_workload(&name)
+                .await
+                .about(|| workload_what(&name))?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => {
                     print_doc(&serde_json::json!({"name": name, "deleted": true}), output)?;
@@ -286,7 +320,7 @@ pub async fn run(
             verify,
         } => {
             let body = DeliverBody {
-                run_id: run.clone(),
+                run_id: run.to_string(),
                 sandbox,
                 pool,
                 verify: verify.map(Verify::from),
@@ -298,13 +332,17 @@ pub async fn run(
                 Err(ClientError::DeliveryFailed { body }) => {
                     // Every sandbox's outcome on stdout; the reason on stderr.
                     show_outcomes(&body, &body.deliveries, &run, output)?;
-                    return Err(ClientError::DeliveryFailed { body }.into());
+                    let error = ClientError::DeliveryFailed { body };
+                    return Err(CallFailed::new(run_what(&name, &run), error).into());
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(CallFailed::new(run_what(&name, &run), e).into()),
             }
         }
         WorkloadCommand::Release { name, run } => {
-            client.release(&name, &run).await?;
+            client
+                .release(&name, &run)
+                .await
+                .about(|| run_what(&name, &run))?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => {
                     print_doc(&serde_json::json!({"runId": run, "released": true}), output)?;
@@ -314,7 +352,10 @@ pub async fn run(
             }
         }
         WorkloadCommand::Deliveries { name } => {
-            let runs = client.deliveries(&name).await?;
+            let runs = client
+                .deliveries(&name)
+                .await
+                .about(|| workload_what(&name))?;
             match output {
                 OutputFormat::Json | OutputFormat::Yaml => {
                     print_doc(&serde_json::json!({ "deliveries": runs }), output)?;
@@ -326,6 +367,17 @@ pub async fn run(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `workload "<name>"`: what a failed workload call names.
+fn workload_what(name: &str) -> String {
+    format!("workload {name:?}")
+}
+
+/// `run "<run>" of workload "<name>"`: what a failed delivery or release
+/// names.
+fn run_what(name: &str, run: &str) -> String {
+    format!("run {run:?} of workload {name:?}")
 }
 
 /// A delivery's result (`doc`, the whole response) in `output`: one line
@@ -462,7 +514,7 @@ async fn upload(
         .upload_bundle_file(name, file, move |sent| shown.set_position(sent))
         .await;
     bar.finish_and_clear();
-    let rev = result?;
+    let rev = result.about(|| workload_what(name))?;
     if output.is_document() {
         print_doc(&rev, output)?;
     } else {
@@ -472,23 +524,21 @@ async fn upload(
     Ok(())
 }
 
-fn print_view(v: &WorkloadView) {
-    let mut rows: Vec<(&str, String)> = vec![
-        ("name", v.name.clone()),
-        ("type", v.kind.clone()),
-        ("status", v.status.clone()),
-    ];
-    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
-    rows.push(("revision", opt(&v.revision)));
-    if v.candidate_revision.is_some() {
-        rows.push(("candidate", opt(&v.candidate_revision)));
+/// `workload get`'s lines under the columns of `ls`: whole revisions,
+/// the digest, counts, the failure and the times.
+fn print_details(v: &WorkloadView) {
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    if let Some(r) = &v.revision {
+        rows.push(("revision", r.clone()));
+    }
+    if let Some(c) = &v.candidate_revision {
+        rows.push(("candidate", c.clone()));
     }
     if let Some(d) = &v.bundle_digest {
         rows.push(("bundleDigest", d.clone()));
     }
-    if let (Some(f), Some(b)) = (v.files, v.bytes) {
+    if let Some(f) = v.files {
         rows.push(("files", f.to_string()));
-        rows.push(("bytes", b.to_string()));
     }
     if let Some(r) = &v.reason {
         rows.push(("reason", r.clone()));
@@ -496,13 +546,13 @@ fn print_view(v: &WorkloadView) {
     rows.push(("created", v.created_at.clone()));
     rows.push(("updated", v.updated_at.clone()));
     for (k, val) in rows {
-        println!("{k:<13}{val}");
+        println!("  {k:<13}{val}");
     }
 }
 
 fn print_table(list: &[WorkloadView]) {
     println!(
-        "{:<30} {:<10} {:<16} {:<14} {:>12}",
+        "{:<30} {:<10} {:<20} {:<14} {:>12}",
         "NAME", "TYPE", "STATUS", "REVISION", "BYTES"
     );
     for v in list {
@@ -514,7 +564,7 @@ fn print_table(list: &[WorkloadView]) {
             .unwrap_or_else(|| "-".into());
         let bytes = v.bytes.map(|b| b.to_string()).unwrap_or_else(|| "-".into());
         println!(
-            "{:<30} {:<10} {:<16} {:<14} {:>12}",
+            "{:<30} {:<10} {:<20} {:<14} {:>12}",
             v.name, v.kind, v.status, rev, bytes
         );
     }
@@ -523,14 +573,14 @@ fn print_table(list: &[WorkloadView]) {
 /// `ls -o wide`: whole revisions and digests, file counts and update times.
 fn print_wide_table(list: &[WorkloadView]) {
     println!(
-        "{:<30} {:<10} {:<16} {:<64} {:<71} {:>8} {:>12} UPDATED",
+        "{:<30} {:<10} {:<20} {:<64} {:<71} {:>8} {:>12} UPDATED",
         "NAME", "TYPE", "STATUS", "REVISION", "BUNDLE DIGEST", "FILES", "BYTES"
     );
     let dash = |o: Option<String>| o.unwrap_or_else(|| "-".into());
     for v in list {
         let rev = v.revision.clone().or_else(|| v.candidate_revision.clone());
         println!(
-            "{:<30} {:<10} {:<16} {:<64} {:<71} {:>8} {:>12} {}",
+            "{:<30} {:<10} {:<20} {:<64} {:<71} {:>8} {:>12} {}",
             v.name,
             v.kind,
             v.status,

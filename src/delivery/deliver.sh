@@ -1,6 +1,7 @@
 # Context Service: deliver one frozen workload revision into this sandbox.
 # Rendered by context_service::delivery; every value below was validated
 # and single-quoted by the renderer. Protocol on stdout, one line each:
+#   RESEND <reason>           (optional, first) the cache dir failed its check
 #   NEED <n>                  send exactly n bundle bytes on stdin (0: cache hit)
 #   ERROR <code> <reason>     failed; exit status non-zero
 #   {"path":...,"revision":...,"cached":...}   done
@@ -273,10 +274,12 @@ if [ -d "$cdir" ] && [ ! -L "$cdir" ]; then
 	if tree_matches "$cdir/tree" "$verify"; then
 		cached=true
 	else
+		printf 'RESEND the cache dir failed verification: %s\n' "$why"
 		printf 'context delivery: cache dir %s failed verification: %s; delivering it again\n' "$key" "$why" >&2
 		remove_tree "$cdir" || fail write_failed "cannot remove the damaged cache dir $key"
 	fi
 elif [ -e "$cdir" ] || [ -L "$cdir" ]; then
+	printf 'RESEND the cache dir is not a directory\n'
 	remove_tree "$cdir" || fail write_failed "cannot remove the damaged cache dir $key"
 fi
 

@@ -8,6 +8,9 @@
 //! The gateway renders [`render_deliver`], runs it with the bundle bytes
 //! *available* on stdin, and reads stdout line by line while it writes:
 //!
+//! 0. When the sandbox holds a cache dir of the revision that fails its
+//!    check (a file changed, added or removed), the script first prints
+//!    `RESEND <reason>` ([`ScriptLine::Resend`]); the gateway logs it.
 //! 1. The script prints `NEED <n>` (or `ERROR …`, e.g. `disk_full` when the
 //!    filesystem cannot hold the bundle and its tar, before any byte is
 //!    sent). On a verified cache hit

@@ -164,6 +164,10 @@ impl ScriptError {
 /// One line the scripts print on stdout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScriptLine {
+    /// `RESEND <reason>`, before `NEED`: the sandbox held a cache dir of
+    /// the revision that failed its check (the reason says how), so the
+    /// bundle is asked for again.
+    Resend(String),
     /// `NEED <n>`: send exactly `n` bundle bytes; 0 is a verified cache hit
     /// (send nothing).
     Need(u64),
@@ -393,6 +397,9 @@ pub fn parse_line(line: &str) -> Result<ScriptLine, LineError> {
         }
         return n.parse().map(ScriptLine::Need).map_err(|_| bad());
     }
+    if let Some(reason) = line.strip_prefix("RESEND ") {
+        return Ok(ScriptLine::Resend(reason.to_owned()));
+    }
     if let Some(rest) = line.strip_prefix("ERROR ") {
         let (code, reason) = rest.split_once(' ').unwrap_or((rest, ""));
         if code.is_empty() || !code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
@@ -543,6 +550,11 @@ mod tests {
         assert_eq!(parse_line("NEED 42\n"), Ok(ScriptLine::Need(42)));
         assert!(parse_line("NEED +1").is_err());
         assert!(parse_line("NEED ").is_err());
+        assert_eq!(
+            parse_line("RESEND its file modes or sizes differ\n"),
+            Ok(ScriptLine::Resend("its file modes or sizes differ".into()))
+        );
+        assert!(parse_line("RESEND").is_err());
         assert_eq!(
             parse_line("ERROR disk_full no space left on device while receiving"),
             Ok(ScriptLine::Error {

@@ -1,5 +1,6 @@
 //! Driving one exec of a rendered script: the stdout protocol of
-//! `script` (`NEED n`, then the final JSON line or `ERROR code reason`),
+//! `script` (`RESEND reason` on a damaged cache dir, `NEED n`, then the
+//! final JSON line or `ERROR code reason`),
 //! the bundle bytes on a miss, and the exit status.
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
@@ -161,7 +162,19 @@ pub(super) async fn deliver(
     payload: &Payload,
 ) -> Result<Placed, Failure> {
     let (mut session, mut out) = start(exec, target, script).await?;
-    let need = match parse(next_line(&mut out).await?, "NEED")? {
+    let mut first = parse(next_line(&mut out).await?, "NEED")?;
+    if let Some(ScriptLine::Resend(reason)) = &first {
+        // Bytes are about to go out again where a cache hit was possible:
+        // say why, or repeated transfers look like a cache that never works.
+        tracing::warn!(
+            sandbox = %target.sandbox,
+            revision,
+            reason = %reason,
+            "the sandbox's cache dir failed its check; sending the bundle again"
+        );
+        first = parse(next_line(&mut out).await?, "NEED")?;
+    }
+    let need = match first {
         Some(ScriptLine::Need(n)) => n,
         Some(ScriptLine::Error { code, reason }) => return Err(Failure::Script { code, reason }),
         Some(other) => return Err(Failure::Protocol(format!("expected NEED, got {other:?}"))),

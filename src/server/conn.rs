@@ -33,6 +33,7 @@ use tower::ServiceExt as _;
 use crate::api::ErrorBody;
 use crate::metrics::Metrics;
 
+use super::in_flight::InFlight;
 use super::sendfile::SendfileStream;
 
 /// Connection-level limits.
@@ -74,6 +75,7 @@ pub(super) async fn serve(
     metrics: Metrics,
     shutdown: impl Future<Output = ()>,
     drain_timeout: Duration,
+    in_flight: InFlight,
 ) {
     let admission = Admission::new(&limits, metrics.clone());
     let refusals = Arc::new(Semaphore::new(MAX_PENDING_REFUSALS));
@@ -110,7 +112,11 @@ pub(super) async fn serve(
         };
         // Small answers should not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
-        let service = ConnectionService::new(app.clone(), limits.max_requests_per_connection);
+        let service = ConnectionService::new(
+            app.clone(),
+            limits.max_requests_per_connection,
+            in_flight.clone(),
+        );
         let stream = SendfileStream::new(stream, metrics.sendfile_bytes().clone());
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         connections.spawn(async move {
@@ -142,19 +148,22 @@ pub(super) async fn serve(
 
 /// The per-connection service: the router, with the answer to the
 /// `max_requests`-th request marked `Connection: close` so that hyper closes
-/// the connection after it.
+/// the connection after it. Each request counts as in flight until its
+/// answer is sent.
 struct ConnectionService {
     app: Router,
     served: AtomicUsize,
     max_requests: usize,
+    in_flight: InFlight,
 }
 
 impl ConnectionService {
-    fn new(app: Router, max_requests: usize) -> Self {
+    fn new(app: Router, max_requests: usize, in_flight: InFlight) -> Self {
         Self {
             app,
             served: AtomicUsize::new(0),
             max_requests,
+            in_flight,
         }
     }
 }
@@ -168,6 +177,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         let n = self.served.fetch_add(1, Ordering::Relaxed) + 1;
         let last = self.max_requests > 0 && n >= self.max_requests;
         let app = self.app.clone();
+        let guard = self.in_flight.start();
         Box::pin(async move {
             let mut response = app.oneshot(request).await?;
             if last {
@@ -175,7 +185,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            Ok(response)
+            Ok(guard.hold_until_sent(response))
         })
     }
 }

@@ -1,5 +1,8 @@
 //! Prometheus metrics of the gateway: uploads (accepted and running), bundle
-//! rejections by reason, downloads by source, and the cache's memory.
+//! rejections by reason, downloads and delivery reads by source, and the
+//! cache's memory, hits and loads.
+
+use std::sync::atomic::Ordering;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -16,11 +19,20 @@ pub(super) struct ReasonLabels {
     pub reason: String,
 }
 
-/// Label of a download.
+/// Label of a download or delivery read.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct SourceLabels {
     /// `memory` (cache hit or load) or `disk` (streamed from the blob).
-    pub source: String,
+    pub source: &'static str,
+}
+
+/// Who opened a bundle: counted apart, so downloads count only downloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reader {
+    /// `GET …/bundle` (and the trusted API's download).
+    Download,
+    /// A delivery, reading the bytes it sends into sandboxes.
+    Delivery,
 }
 
 /// The workload service's metrics. Cheap to clone (shared handles).
@@ -29,10 +41,11 @@ pub struct WorkloadMetrics {
     uploads: Counter,
     rejections: Family<ReasonLabels, Counter>,
     downloads: Family<SourceLabels, Counter>,
+    delivery_reads: Family<SourceLabels, Counter>,
     cache_resident_bytes: Gauge,
     cache_bytes: Gauge,
-    cache_hits: Gauge,
-    cache_loads: Gauge,
+    cache_hits: Counter,
+    cache_loads: Counter,
     uploads_running: Gauge,
 }
 
@@ -51,8 +64,13 @@ impl WorkloadMetrics {
         );
         registry.register(
             "bundle_downloads",
-            "Bundle downloads by source (memory or disk)",
+            "Bundle downloads by source (memory or disk); deliveries are not counted",
             self.downloads.clone(),
+        );
+        registry.register(
+            "bundle_delivery_reads",
+            "Bundle reads of deliveries (at most one per request) by source (memory or disk)",
+            self.delivery_reads.clone(),
         );
         registry.register(
             "uploads_running",
@@ -71,12 +89,12 @@ impl WorkloadMetrics {
         );
         registry.register(
             "bundle_cache_hits",
-            "Downloads served from cached bytes (since start)",
+            "Bundle opens (downloads and delivery reads) served from cached bytes",
             self.cache_hits.clone(),
         );
         registry.register(
             "bundle_cache_loads",
-            "Bundles loaded from disk into the cache (since start)",
+            "Bundles loaded from disk into the cache",
             self.cache_loads.clone(),
         );
     }
@@ -98,20 +116,27 @@ impl WorkloadMetrics {
             .inc();
     }
 
-    pub(super) fn downloaded(&self, from_memory: bool) {
+    /// `reader` opened a bundle, from memory or from disk.
+    pub(super) fn opened(&self, reader: Reader, from_memory: bool) {
         let source = if from_memory { "memory" } else { "disk" };
-        self.downloads
-            .get_or_create(&SourceLabels {
-                source: source.to_owned(),
-            })
-            .inc();
+        let family = match reader {
+            Reader::Download => &self.downloads,
+            Reader::Delivery => &self.delivery_reads,
+        };
+        family.get_or_create(&SourceLabels { source }).inc();
     }
 
     pub(super) fn cache(&self, stats: CacheStats) {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.cache_resident_bytes.set(clamp(stats.resident_bytes));
         self.cache_bytes.set(clamp(stats.cached_bytes));
-        self.cache_hits.set(clamp(stats.hits));
-        self.cache_loads.set(clamp(stats.loads));
+        // The cache keeps the totals; concurrent updates may arrive out of
+        // order, and fetch_max keeps the counters from ever going back.
+        self.cache_hits
+            .inner()
+            .fetch_max(stats.hits, Ordering::Relaxed);
+        self.cache_loads
+            .inner()
+            .fetch_max(stats.loads, Ordering::Relaxed);
     }
 }

@@ -5,6 +5,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::admission::UploadGate;
+use super::metrics::Reader;
 use super::names::{self, Revision, WorkloadName};
 use super::recovery::{self, RecoveryReport};
 use super::settings::WorkloadSettings;
@@ -53,9 +54,12 @@ impl BundleSource {
         &self.revision
     }
 
-    /// Opens the bundle (see [`WorkloadService::open_bundle`]).
+    /// Opens the bundle (as [`WorkloadService::open_bundle`] does, counted
+    /// as a delivery read, not a download).
     pub async fn open(&self) -> Result<CachedBundle, WorkloadError> {
-        self.workloads.open_bundle(&self.name, &self.revision).await
+        self.workloads
+            .open_for(Reader::Delivery, &self.name, &self.revision)
+            .await
     }
 }
 
@@ -360,9 +364,19 @@ impl WorkloadService {
         .await
     }
 
-    /// Opens a located revision's bundle through the cache.
+    /// Opens a located revision's bundle through the cache, for a download.
     pub async fn open_bundle(
         &self,
+        name: &str,
+        revision: &RevisionRecord,
+    ) -> Result<CachedBundle, WorkloadError> {
+        self.open_for(Reader::Download, name, revision).await
+    }
+
+    /// Opens a located revision's bundle through the cache for `reader`.
+    async fn open_for(
+        &self,
+        reader: Reader,
         name: &str,
         revision: &RevisionRecord,
     ) -> Result<CachedBundle, WorkloadError> {
@@ -392,7 +406,7 @@ impl WorkloadService {
         }
         match opened {
             Ok(b) => {
-                self.inner.metrics.downloaded(b.is_memory());
+                self.inner.metrics.opened(reader, b.is_memory());
                 self.inner.metrics.cache(self.inner.cache.stats());
                 Ok(b)
             }

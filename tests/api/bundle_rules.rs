@@ -219,6 +219,50 @@ fn truncated_gzip() {
 fn not_gzip() {
     let e = check(b"PK\x03\x04 this is a zip", &Limits::default()).unwrap_err();
     assert_rejected(&e, "invalid_gzip", None);
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "the upload is not gzip (it does not start with the bytes 1f 8b); {}",
+            bundle::BUNDLE_EXPECTED
+        )
+    );
+}
+
+/// Hands out its bytes one per read.
+struct OneByte<'a>(&'a [u8]);
+
+impl Read for OneByte<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some((first, rest)) = self.0.split_first() else {
+            return Ok(0);
+        };
+        match buf.first_mut() {
+            Some(b) => *b = *first,
+            None => return Ok(0),
+        }
+        self.0 = rest;
+        Ok(1)
+    }
+}
+
+#[test]
+fn an_uncompressed_tar_is_named_as_such() {
+    let tar = TarBuf::new().file("a", b"hello").finish();
+    // Read whole, and a byte at a time (the magic is past the first read).
+    let one_by_one = OneByte(&tar);
+    for e in [
+        check(&tar, &Limits::default()).unwrap_err(),
+        bundle::inspect(one_by_one, &Limits::default()).unwrap_err(),
+    ] {
+        assert_rejected(&e, "invalid_gzip", None);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the upload is a tar archive without gzip compression; {}",
+                bundle::BUNDLE_EXPECTED
+            )
+        );
+    }
 }
 
 #[test]

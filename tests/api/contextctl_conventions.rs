@@ -387,3 +387,136 @@ async fn a_missing_token_names_where_it_was_looked_for_and_how_to_give_one() {
         "{stderr:?}"
     );
 }
+
+/// Runs without a service, expects exit 2 and exactly `stderr`.
+fn usage_exactly(args: &[&str], stderr: &str) {
+    let out = contextctl(None, args);
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).as_ref()
+        ),
+        (Some(2), stderr),
+        "{args:?}"
+    );
+    assert!(out.stdout.is_empty(), "{args:?}: stdout {:?}", out.stdout);
+}
+
+#[test]
+fn a_delivery_needs_exactly_one_target_and_a_run_id_of_the_service_rule() {
+    usage_exactly(
+        &["workload", "deliver", "docs", "--run", "r2"],
+        "contextctl: the following required arguments were not provided: \
+         <--sandbox <SANDBOX>|--pool <POOL>>\n",
+    );
+    usage_exactly(
+        &[
+            "workload",
+            "deliver",
+            "docs",
+            "--sandbox",
+            "s",
+            "--pool",
+            "p",
+            "--run",
+            "r2",
+        ],
+        "contextctl: the argument '--sandbox <SANDBOX>' cannot be used with '--pool <POOL>'\n",
+    );
+    // The service's pattern, ^[a-z0-9][a-z0-9._-]{0,62}$, in words; on
+    // `release` too.
+    let rule = "a run id is 1 to 63 lowercase letters, digits, '.', '_' or '-', \
+                starting with a letter or digit";
+    let long = "a".repeat(64);
+    for (run, command) in [
+        ("R2", &["workload", "deliver", "docs", "--pool", "p"][..]),
+        ("-r", &["workload", "deliver", "docs", "--sandbox", "s"][..]),
+        ("a b", &["workload", "release", "docs"][..]),
+        (long.as_str(), &["workload", "release", "docs"][..]),
+    ] {
+        let run_flag = format!("--run={run}");
+        let args: Vec<&str> = command.iter().copied().chain([run_flag.as_str()]).collect();
+        usage_exactly(
+            &args,
+            &format!("contextctl: invalid value '{run}' for '--run <RUN>': {rule}\n"),
+        );
+    }
+}
+
+#[test]
+fn bad_flag_values_name_the_flag_and_the_rule() {
+    let revision_rule = "a revision is 64 lowercase hex digits (as `workload upload` prints it)";
+    let name_rule = "a name is at most 50 lowercase letters, digits and '-', \
+                     starting and ending with a letter or digit";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["create", "demo", "-s", "10Qi"],
+            "invalid value '10Qi' for '--size <SIZE>': must be a positive Kubernetes \
+             quantity such as 512Mi, 5Gi or 1T",
+        ),
+        (
+            &["context", "create", "docs", "-s", "0"],
+            "invalid value '0' for '--size <SIZE>': must be a positive Kubernetes \
+             quantity such as 512Mi, 5Gi or 1T",
+        ),
+        (
+            &["create", "demo", "-n", "0"],
+            "invalid value '0' for '--replicas <REPLICAS>': the number of sandboxes \
+             must be a whole number from 1 to 100",
+        ),
+        (
+            &["create", "demo", "-n", "101"],
+            "invalid value '101' for '--replicas <REPLICAS>': the number of sandboxes \
+             must be a whole number from 1 to 100",
+        ),
+        (
+            &["create", "demo", "--ttl", "soon"],
+            "invalid value 'soon' for '--ttl <DURATION>': must be a duration such as \
+             2h, 30m or 1h 30m",
+        ),
+        (
+            &["create", "demo", "--ttl", "0s"],
+            "invalid value '0s' for '--ttl <DURATION>': a pool must live longer than 0s",
+        ),
+        (
+            &["create", "Demo"],
+            &format!("invalid value 'Demo' for '<NAME>': {name_rule}"),
+        ),
+        (
+            &["create", "demo", "--claim", "Docs", "--read-only"],
+            "invalid value 'Docs' for '--claim <PVC>': must be a lowercase Kubernetes \
+             name: lowercase letters, digits, '-' and '.', at most 253",
+        ),
+        (
+            &["context", "ls", "--namespace", "Team_A"],
+            "invalid value 'Team_A' for '--namespace <NAMESPACE>': a namespace is at most \
+             63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+        ),
+        (
+            &["workload", "create", "My_Docs"],
+            "invalid value 'My_Docs' for '[NAME]': the workload name must be at most 50 \
+             lowercase letters, digits and '-', starting and ending with a letter or digit",
+        ),
+        (
+            &["workload", "activate", "docs", "abc"],
+            &format!("invalid value 'abc' for '[REVISION]': {revision_rule}"),
+        ),
+        (
+            &["workload", "download", "docs", "--revision", "abc"],
+            &format!("invalid value 'abc' for '--revision <REVISION>': {revision_rule}"),
+        ),
+        (
+            &["token", "mint", "--sub", " "],
+            "invalid value ' ' for '--sub <SUB>': the subject must not be empty",
+        ),
+    ];
+    for (args, message) in cases {
+        usage_exactly(args, &format!("contextctl: {message}\n"));
+    }
+    // A closed set lists what it takes.
+    usage_error(
+        None,
+        &["workload", "create", "docs", "--type", "notes"],
+        "invalid value 'notes' for '--type <TYPE>'",
+    );
+}

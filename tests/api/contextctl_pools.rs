@@ -32,6 +32,21 @@ impl Ctl<'_> {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Runs, expects a usage error: exit 2, exactly `contextctl: <message>`
+    /// on stderr and nothing on stdout.
+    fn usage(&self, args: &[&str], message: &str) {
+        let out = self.run(args);
+        assert_eq!(
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).as_ref()
+            ),
+            (Some(2), format!("contextctl: {message}\n").as_str()),
+            "{args:?}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+
     /// Runs, expects exit 1 with exactly one stderr line containing `part`.
     fn fails(&self, args: &[&str], part: &str) {
         let out = self.run(args);
@@ -112,19 +127,28 @@ async fn pool_lifecycle_in_text_and_json() {
         tokio::task::block_in_place(|| ctl.ok(&["rm", "demo"])),
         "deleted demo\n"
     );
-    // Deleting it again fails like upstream's contextctl: exit 1 and the
-    // service's message alone, nothing on stdout.
-    let again = tokio::task::block_in_place(|| ctl.run(&["delete", "demo"]));
-    assert_eq!(again.status.code(), Some(1));
-    assert_eq!(
-        String::from_utf8_lossy(&again.stderr),
-        "contextctl: sandbox pool not found\n"
-    );
-    assert!(again.stdout.is_empty());
-    tokio::task::block_in_place(|| ctl.fails(&["get", "demo"], "sandbox pool not found"));
-    tokio::task::block_in_place(|| {
-        ctl.fails(&["wait", "demo", "-t", "5s"], "sandbox pool not found");
-    });
+    // Deleting it again fails: exit 1, one line naming the pool, the
+    // status, the service's message and its code; nothing on stdout.
+    let not_found =
+        "contextctl: pool \"demo\": 404 Not Found: sandbox pool not found (not_found)\n";
+    for args in [
+        &["delete", "demo"][..],
+        &["get", "demo"],
+        &["wait", "demo", "-t", "5s"],
+        &["suspend", "demo"],
+        &["resume", "demo"],
+    ] {
+        let again = tokio::task::block_in_place(|| ctl.run(args));
+        assert_eq!(
+            (
+                again.status.code(),
+                String::from_utf8_lossy(&again.stderr).as_ref()
+            ),
+            (Some(1), not_found),
+            "{args:?}"
+        );
+        assert!(again.stdout.is_empty(), "{args:?}");
+    }
     // Another user sees none of it.
     let bob = Ctl {
         server: &server,
@@ -192,31 +216,38 @@ async fn flag_combinations_are_checked_before_calling() {
             "--read-only and --read-write require --claim",
         ),
     ];
+    // Flags that do not fit together are usage errors (exit 2).
     for (args, message) in cases {
-        tokio::task::block_in_place(|| ctl.fails(args, message));
+        tokio::task::block_in_place(|| ctl.usage(args, message));
     }
-    // Server-side validation errors come back as one line too.
+    // So are values the service would refuse, named with the flag.
     tokio::task::block_in_place(|| {
-        ctl.fails(
+        ctl.usage(
             &["create", "Bad"],
-            "name must be a lowercase Kubernetes name",
+            "invalid value 'Bad' for '<NAME>': a name is at most 50 lowercase letters, \
+             digits and '-', starting and ending with a letter or digit",
         );
-    });
-    tokio::task::block_in_place(|| {
-        ctl.fails(
+        ctl.usage(
             &["create", "x", "-n", "0"],
-            "replicas must be between 1 and 100",
+            "invalid value '0' for '--replicas <REPLICAS>': the number of sandboxes must \
+             be a whole number from 1 to 100",
         );
     });
+    // The service's refusals: one line naming the pool, status, message
+    // and code (exit 1).
     tokio::task::block_in_place(|| {
         ctl.fails(
             &["create", "x", "--claim", "nope", "--read-only"],
-            "workspace claim \"nope\" not found",
+            "contextctl: pool \"x\": 400 Bad Request: invalid sandbox pool: \
+             workspace claim \"nope\" not found (invalid_request)\n",
         );
     });
     tokio::task::block_in_place(|| ctl.ok(&["create", "x"]));
     tokio::task::block_in_place(|| {
-        ctl.fails(&["create", "x", "--shared"], "sandbox pool already exists");
+        ctl.fails(
+            &["create", "x", "--shared"],
+            "contextctl: pool \"x\": 409 Conflict: sandbox pool already exists (",
+        );
     });
     // Help works and exits 0.
     let help = tokio::task::block_in_place(|| ctl.ok(&["help", "create"]));
@@ -286,9 +317,12 @@ async fn named_contexts_and_claims() {
     .unwrap();
     assert_eq!(json["attachment"]["claimName"], "context-docs");
     tokio::task::block_in_place(|| {
-        ctl.fails(
-            &["context", "create", "bad", "--type", "session"],
-            "type must be workspace, memory, knowledge, or artifacts",
+        let out = ctl.run(&["context", "create", "bad", "--type", "session"]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "contextctl: invalid value 'session' for '--type <TYPE>' \
+             [possible values: workspace, memory, knowledge, artifacts]\n"
         );
     });
     assert_eq!(
@@ -300,6 +334,9 @@ async fn named_contexts_and_claims() {
         "deleted default/docs\n"
     );
     tokio::task::block_in_place(|| {
-        ctl.fails(&["context", "get", "docs"], "context resource not found");
+        ctl.fails(
+            &["context", "get", "docs"],
+            "contextctl: context \"default/docs\": 404 Not Found: context resource not found (not_found)",
+        );
     });
 }

@@ -56,6 +56,32 @@ async fn workload_commands_end_to_end() {
     .trim()
     .to_owned();
     assert_eq!(revision.len(), 64, "{revision}");
+    // Uploaded, not yet activated: `ls` and `get` tell the same status in
+    // the same columns, `get` adds the details below.
+    let list = ok(ctl(&server, &["workload", "ls"]).await);
+    let got = ok(ctl(&server, &["workload", "get", "proj"]).await);
+    let (head, row) = (list.lines().next().unwrap(), list.lines().nth(1).unwrap());
+    assert_eq!(
+        got.lines().take(2).collect::<Vec<_>>(),
+        [head, row],
+        "{got}"
+    );
+    assert_eq!(
+        row.split_whitespace().take(4).collect::<Vec<_>>(),
+        ["proj", "workspace", "awaiting_activation", &revision[..12]],
+        "{list}"
+    );
+    assert!(
+        got.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["candidate", &revision]),
+        "{got}"
+    );
+    let wide_list = ok(ctl(&server, &["workload", "ls", "-o", "wide"]).await);
+    let wide_got = ok(ctl(&server, &["workload", "get", "proj", "-o", "wide"]).await);
+    assert_eq!(
+        wide_got.lines().take(2).collect::<Vec<_>>(),
+        wide_list.lines().take(2).collect::<Vec<_>>()
+    );
     // Activate defaults to the last upload.
     let out = ok(ctl(&server, &["workload", "activate", "proj"]).await);
     assert!(out.contains("ready") && out.contains(&revision), "{out}");
@@ -126,11 +152,25 @@ async fn workload_commands_end_to_end() {
         "deleted proj"
     );
 
-    // Errors: one line on stderr, non-zero exit.
-    let run = ctl(&server, &["workload", "get", "proj"]).await;
-    assert_eq!(run.code, 1);
-    assert_eq!(run.stderr.trim().lines().count(), 1, "{}", run.stderr);
-    assert!(run.stderr.contains("workload_not_found"), "{}", run.stderr);
+    // Errors: one line on stderr naming the workload, the status, the
+    // message and the code; exit 1.
+    for args in [
+        &["workload", "get", "proj"][..],
+        &["workload", "rm", "proj"],
+        &["workload", "activate", "proj"],
+        &["workload", "deliveries", "proj"],
+    ] {
+        let run = ctl(&server, args).await;
+        assert_eq!(
+            (run.code, run.stderr.as_str()),
+            (
+                1,
+                "contextctl: workload \"proj\": 404 Not Found: workload \"proj\" not found \
+                 (workload_not_found)\n"
+            ),
+            "{args:?}"
+        );
+    }
     let run = ctl(
         &server,
         &[
@@ -323,21 +363,27 @@ async fn delivery_commands_end_to_end() {
         ctl(&server, &["workload", "release", "proj", "--run", "r1"]).await,
         "run_not_found",
     );
-    fails_with(
-        ctl(
-            &server,
-            &[
-                "workload",
-                "deliver",
-                "proj",
-                "--sandbox",
-                "sandbox-p-0",
-                "--run",
-                "a b",
-            ],
+    // A run id the service would refuse is refused here (exit 2).
+    let run = ctl(
+        &server,
+        &[
+            "workload",
+            "deliver",
+            "proj",
+            "--sandbox",
+            "sandbox-p-0",
+            "--run",
+            "a b",
+        ],
+    )
+    .await;
+    assert_eq!(
+        (run.code, run.stderr.as_str()),
+        (
+            2,
+            "contextctl: invalid value 'a b' for '--run <RUN>': a run id is 1 to 63 lowercase \
+             letters, digits, '.', '_' or '-', starting with a letter or digit\n"
         )
-        .await,
-        "invalid_request",
     );
     fails_with(
         ctl(
@@ -367,6 +413,23 @@ async fn delivery_commands_end_to_end() {
     );
     let run = ctl(&server, &["workload", "deliver", "proj", "--run", "x"]).await;
     assert_eq!(run.code, 2, "{}", run.stderr);
+    // A refused delivery names the run and the workload.
+    let run = fails_with(
+        ctl(
+            &server,
+            &[
+                "workload", "deliver", "proj", "--pool", "none", "--run", "x",
+            ],
+        )
+        .await,
+        "not_found",
+    );
+    assert!(
+        run.stderr
+            .starts_with("contextctl: run \"x\" of workload \"proj\": 404 Not Found: "),
+        "{}",
+        run.stderr
+    );
     // A pool with one broken sandbox: the outcomes on stdout, the reason on
     // stderr.
     let sandbox = server

@@ -17,6 +17,7 @@ use context_service::delivery::{ExecError, ExecSession, ExecTarget, SandboxExec}
 use serde_json::{json, Value};
 use tokio::io::AsyncWrite;
 
+use crate::common::process::{fresh_client, Process};
 use crate::common::workload_bundles::{noise, tgz};
 use crate::common::{assert_error, Caller, TestServer};
 
@@ -329,9 +330,69 @@ async fn send_once_then_hit_share_release_and_metrics() {
         "context_service_delivery_cache_hits_total 1".to_owned(),
         "context_service_delivery_duration_seconds_count 2".to_owned(),
         "context_service_delivery_releases_total{outcome=\"released\"} 2".to_owned(),
+        // The transfer read the bundle once; the hit read nothing.
+        "context_service_bundle_delivery_reads_total{source=\"memory\"} 1".to_owned(),
     ] {
         assert!(text.contains(&line), "missing {line:?} in\n{text}");
     }
+    // Deliveries are not downloads.
+    assert!(
+        !text.contains("context_service_bundle_downloads_total{"),
+        "{text}"
+    );
+}
+
+/// A download and a delivery read the same cached bundle: each is counted
+/// by its own counter, and the cache's counters see one load and one hit.
+#[tokio::test]
+async fn downloads_and_delivery_reads_are_counted_apart() {
+    let (f, len, revision) = Fixture::ready(|_| {}, "w", FILES).await;
+    let Fixture { server, alice, .. } = &f;
+    let lines = || async {
+        let text = Caller::anonymous(server)
+            .get("/metrics")
+            .await
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| {
+                l.starts_with("context_service_bundle_downloads_total")
+                    || l.starts_with("context_service_bundle_delivery_reads_total")
+                    || l.starts_with("context_service_bundle_cache_hits_total")
+                    || l.starts_with("context_service_bundle_cache_loads_total")
+            })
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let bundle = alice
+        .get(&format!("/v1/workloads/w/revisions/{revision}/bundle"))
+        .await;
+    assert_eq!(bundle.status(), 200);
+    assert_eq!(bundle.bytes().await.unwrap().len() as u64, len);
+    assert_eq!(
+        lines().await,
+        [
+            "context_service_bundle_downloads_total{source=\"memory\"} 1",
+            "context_service_bundle_cache_hits_total 0",
+            "context_service_bundle_cache_loads_total 1",
+        ]
+    );
+    let sent = json(
+        deliver(alice, "w", json!({"runId": "a", "sandbox": "sandbox-p-0"})).await,
+        201,
+    )
+    .await;
+    assert_eq!(sent["deliveries"][0]["bytesSent"], len);
+    assert_eq!(
+        lines().await,
+        [
+            "context_service_bundle_downloads_total{source=\"memory\"} 1",
+            "context_service_bundle_delivery_reads_total{source=\"memory\"} 1",
+            "context_service_bundle_cache_hits_total 1",
+            "context_service_bundle_cache_loads_total 1",
+        ]
+    );
 }
 
 #[tokio::test]
@@ -413,6 +474,88 @@ async fn a_tampered_cache_dir_is_detected_and_delivered_again() {
     assert_eq!(
         std::fs::read(path.join("src/main.rs")).unwrap(),
         b"fn main() {}\n"
+    );
+}
+
+/// The real process logs why a delivery sent bytes where the sandbox held
+/// the revision: a WARN line naming the sandbox, the revision and the
+/// reason the cache dir failed its check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_delivery_logs_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let p = Process::start(&data_dir, &[]);
+    let token = std::fs::read_to_string(context_service::auth::dev::dev_token_path(&data_dir))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let client = context_service::client::Client::new(p.url(""), Some(token.clone())).unwrap();
+    client.create_workload(Some("w"), None).await.unwrap();
+    let rev = client.upload_bundle("w", tgz(FILES)).await.unwrap();
+    client.activate_workload("w", &rev.revision).await.unwrap();
+    let http = fresh_client();
+    let post = |path: &str, body: Value| {
+        http.post(p.url(path))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+    };
+    let resp = post(
+        "/v1/sandbox-pools",
+        json!({"name": "p", "replicas": 1,
+            "workspace": {"size": "1Gi", "accessMode": "ReadWriteOnce"}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
+    let deliver_run = |run: &'static str| {
+        post(
+            "/v1/workloads/w/deliveries",
+            json!({"runId": run, "sandbox": "sandbox-p-0"}),
+        )
+    };
+    let first = json(deliver_run("a").await.unwrap(), 201).await;
+    let path = PathBuf::from(first["deliveries"][0]["path"].as_str().unwrap());
+    const MESSAGE: &str = "the sandbox's cache dir failed its check; sending the bundle again";
+    let resent = || -> Vec<Value> {
+        p.logs()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["fields"]["message"] == MESSAGE)
+            .collect()
+    };
+    // A cache hit logs nothing of the kind.
+    let hit = json(deliver_run("b").await.unwrap(), 201).await;
+    assert_eq!(hit["deliveries"][0]["cached"], true);
+    assert!(resent().is_empty(), "{:#?}", p.logs());
+
+    let file = std::fs::canonicalize(path.join("README.md")).unwrap();
+    let mut perms = std::fs::metadata(&file).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&file, perms).unwrap();
+    std::fs::write(&file, b"tampered and longer\n").unwrap();
+    let again = json(deliver_run("c").await.unwrap(), 201).await;
+    assert_eq!(again["deliveries"][0]["cached"], false);
+
+    // The line is written before the answer; the pipe may lag a little.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let lines = loop {
+        let lines = resent();
+        if !lines.is_empty() || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(lines.len(), 1, "{:#?}", p.logs());
+    let line = &lines[0];
+    assert_eq!(line["level"], "WARN", "{line}");
+    assert_eq!(line["fields"]["sandbox"], "sandbox-p-0", "{line}");
+    assert_eq!(line["fields"]["revision"], rev.revision.as_str(), "{line}");
+    assert_eq!(
+        line["fields"]["reason"],
+        "the cache dir failed verification: its file modes or sizes differ",
+        "{line}"
     );
 }
 

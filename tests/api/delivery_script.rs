@@ -308,6 +308,9 @@ fn release_request(
 
 /// What one exec printed and how it ended.
 struct Run {
+    /// The reason of a leading `RESEND` line (kept apart from `lines`, so
+    /// the protocol's shape checks stay as they are).
+    resend: Option<String>,
     lines: Vec<ScriptLine>,
     status: ExitStatus,
     stderr: String,
@@ -418,6 +421,7 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
         s
     });
     let mut writer = None;
+    let mut resend = None;
     let mut lines = Vec::new();
     let mut reader = BufReader::new(stdout);
     loop {
@@ -426,6 +430,14 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
             break;
         }
         let parsed = parse_line(&line).unwrap_or_else(|e| panic!("{}: {e}", shell.name));
+        if let ScriptLine::Resend(reason) = &parsed {
+            // Only first, and once; anywhere else it stays in `lines`,
+            // which breaks the shape checks.
+            if lines.is_empty() && resend.is_none() {
+                resend = Some(reason.clone());
+                continue;
+            }
+        }
         if let ScriptLine::Need(n) = parsed {
             if n > 0 {
                 let mut sink = stdin.take().expect("NEED printed twice");
@@ -454,6 +466,7 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
         shell.name
     );
     Run {
+        resend,
         lines,
         status,
         stderr,
@@ -815,6 +828,7 @@ fn tampered_cache_is_delivered_again(sh: &Shell) {
         ("gone.txt", b"x"),
     ]);
     let mut n = 0;
+    // (bytes asked for, the view, the RESEND reason if any)
     let mut deliver_run = |verify: Verify| {
         n += 1;
         let req = request(&sb, SCOPE_A, "wl", &format!("r{n}"), &b, verify);
@@ -822,10 +836,11 @@ fn tampered_cache_is_delivered_again(sh: &Shell) {
         let need = run.need();
         let (path, cached) = run.done();
         assert_eq!(cached, need == 0);
-        (need, PathBuf::from(path))
+        (need, PathBuf::from(path), run.resend.clone())
     };
-    let (need, view) = deliver_run(Verify::Full);
+    let (need, view, resend) = deliver_run(Verify::Full);
     assert!(need > 0);
+    assert_eq!(resend, None, "nothing to re-send on a first delivery");
     let tree = sb.cache_dir(SCOPE_A, &b).join("tree");
     let file = tree.join("d/file.txt");
     let intact = |view: &Path| {
@@ -833,6 +848,12 @@ fn tampered_cache_is_delivered_again(sh: &Shell) {
         assert_eq!(fs::read(view.join("gone.txt")).unwrap(), b"x");
         assert!(!view.join("extra.txt").exists());
     };
+    let failed = |why: &str| Some(format!("the cache dir failed verification: {why}"));
+    let entries = b.report.entries;
+    let resent = (
+        b.report.bundle_bytes,
+        failed("its file modes or sizes differ"),
+    );
 
     // A file whose size changed.
     tamper(&tree.join("d"), Some(&file), || {
@@ -843,29 +864,50 @@ fn tampered_cache_is_delivered_again(sh: &Shell) {
             .write_all(b"!")
             .unwrap();
     });
-    let (need, _) = deliver_run(Verify::Default);
-    assert_eq!(need, b.report.bundle_bytes, "size change detected");
+    let (need, _, resend) = deliver_run(Verify::Default);
+    assert_eq!((need, resend), resent.clone(), "size change detected");
     intact(&view);
 
     // A file added.
     tamper(&tree, None, || {
         fs::write(tree.join("extra.txt"), b"e").unwrap();
     });
-    assert_eq!(deliver_run(Verify::Default).0, b.report.bundle_bytes);
+    let (need, _, resend) = deliver_run(Verify::Default);
+    assert_eq!(
+        (need, resend),
+        (
+            b.report.bundle_bytes,
+            failed(&format!(
+                "it has {} entries, the revision has {entries}",
+                entries + 1
+            ))
+        )
+    );
     intact(&view);
 
     // A file removed.
     tamper(&tree, None, || {
         fs::remove_file(tree.join("gone.txt")).unwrap();
     });
-    assert_eq!(deliver_run(Verify::Default).0, b.report.bundle_bytes);
+    let (need, _, resend) = deliver_run(Verify::Default);
+    assert_eq!(
+        (need, resend),
+        (
+            b.report.bundle_bytes,
+            failed(&format!(
+                "it has {} entries, the revision has {entries}",
+                entries - 1
+            ))
+        )
+    );
     intact(&view);
 
     // A mode changed (the read-only bit undone).
     tamper(&tree.join("d"), None, || {
         fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
     });
-    assert_eq!(deliver_run(Verify::Default).0, b.report.bundle_bytes);
+    let (need, _, resend) = deliver_run(Verify::Default);
+    assert_eq!((need, resend), resent);
     assert_eq!(fs::metadata(&file).unwrap().mode() & 0o777, 0o444);
 
     // Same size, other content: the default check cannot see it, full does.
@@ -877,10 +919,18 @@ fn tampered_cache_is_delivered_again(sh: &Shell) {
         0,
         "default verify trusts sizes"
     );
-    assert_eq!(deliver_run(Verify::Full).0, b.report.bundle_bytes);
+    let (need, _, resend) = deliver_run(Verify::Full);
+    assert_eq!(
+        (need, resend),
+        (
+            b.report.bundle_bytes,
+            failed("the content of a file differs")
+        )
+    );
     intact(&view);
     // And the restored dir verifies fully again.
-    assert_eq!(deliver_run(Verify::Full).0, 0);
+    let (need, _, resend) = deliver_run(Verify::Full);
+    assert_eq!((need, resend), (0, None));
     sb.assert_no_staging();
 }
 

@@ -84,6 +84,21 @@ fn build_stage_caches_dependencies_and_copies_only_build_inputs() {
     assert!(build[sources + 1..]
         .iter()
         .any(|i| i.keyword == "RUN" && i.args.contains("cargo build --release --locked")));
+    // The image's revision is compiled in (`context_service_build_info`),
+    // under the name src/metrics.rs reads.
+    assert!(build[sources + 1..]
+        .iter()
+        .any(|i| i.keyword == "ARG" && i.args.starts_with("REVISION")));
+    let commit = format!(
+        "{}=\"${{REVISION}}\" cargo build --release --locked",
+        context_service::metrics::GIT_COMMIT_ENV
+    );
+    assert!(
+        build
+            .iter()
+            .any(|i| i.keyword == "RUN" && i.args.contains(&commit)),
+        "{build:#?}"
+    );
 }
 
 /// The stub step, run for real on a copy of the manifest: cargo must accept

@@ -2,7 +2,8 @@
 //! SIGTERM `/readyz` turns unready, then the listener closes (new
 //! connections are refused), an in-flight download finishes within
 //! `--shutdown-timeout` (and is cut at it), then the store is closed
-//! cleanly; `--log-format json` writes JSON lines that carry the request's
+//! cleanly; Ctrl-C skips the grace once no request is in flight;
+//! `--log-format json` writes JSON lines that carry the request's
 //! `x-request-id`.
 
 use std::net::SocketAddr;
@@ -213,6 +214,92 @@ async fn the_shutdown_timeout_cuts_a_stalled_download() {
         received += c.len();
     }
     assert!(received < 24 << 20, "{received} bytes");
+}
+
+/// Ctrl-C on an idle server exits without waiting the grace; SIGTERM
+/// (Kubernetes) keeps the whole grace even when idle, since load balancers
+/// may still send requests until they notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_on_an_idle_server_skips_the_grace_sigterm_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    // A grace no test run would wait out.
+    let long_grace = Duration::from_secs(120);
+    let mut p = Process::start(&data_dir, &["--shutdown-grace", "120s"]);
+    // A request served and finished before: idle is about now.
+    let listed = p.get_json("/v1/workloads", &token(&data_dir)).await;
+    assert_eq!(listed["workloads"], serde_json::json!([]));
+    let signalled = Instant::now();
+    p.signal(Signal::INT);
+    let status = p.wait(long_grace / 2);
+    assert!(status.success(), "{status:?}");
+    assert!(signalled.elapsed() < long_grace);
+    let logs = p.logs().join("\n");
+    assert!(
+        logs.contains("no request in flight: the grace is skipped"),
+        "{logs}"
+    );
+    assert!(logs.contains("store closed"), "{logs}");
+    assert!(!store_needed_repair(&data_dir));
+
+    let grace = Duration::from_millis(1500);
+    let mut p = Process::start(&data_dir, &["--shutdown-grace", "1500ms"]);
+    let signalled = Instant::now();
+    p.signal(Signal::TERM);
+    let status = p.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}");
+    assert!(signalled.elapsed() >= grace, "{:?}", signalled.elapsed());
+    assert!(!p.logs().join("\n").contains("the grace is skipped"));
+}
+
+/// Ctrl-C with a download in flight keeps serving, new connections
+/// included, until the download is done; then it leaves without waiting
+/// out the rest of the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_keeps_the_grace_while_a_request_is_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let long_grace = Duration::from_secs(120);
+    let mut p = Process::start(&data_dir, &["--shutdown-grace", "120s"]);
+    let (digest, revision) = big_workload(&p, &data_dir, "big", 24 << 20).await;
+    let http = fresh_client();
+    let mut download = http
+        .get(p.url(&format!("/v1/workloads/big/revisions/{revision}/bundle")))
+        .bearer_auth(token(&data_dir))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(download.status(), 200);
+    let mut hasher = Sha256::new();
+    hasher.update(download.chunk().await.unwrap().expect("a first chunk"));
+    let signalled = Instant::now();
+    p.signal(Signal::INT);
+    // Unready, and still accepting while the download is unfinished.
+    let mut unready = false;
+    for _ in 0..100 {
+        let resp = http.get(p.url("/readyz")).send().await.unwrap();
+        if resp.status() == 503 {
+            unready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(unready, "/readyz never answered 503");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        http.get(p.url("/healthz")).send().await.unwrap().status(),
+        200,
+        "the listener closed with a download in flight"
+    );
+    while let Some(chunk) = download.chunk().await.unwrap() {
+        hasher.update(&chunk);
+    }
+    assert_eq!(hex::encode(hasher.finalize()), digest);
+    // Done: the rest of the grace is skipped.
+    let status = p.wait(long_grace / 2);
+    assert!(status.success(), "{status:?}");
+    assert!(signalled.elapsed() < long_grace);
+    assert!(p.logs().join("\n").contains("the grace is skipped"));
 }
 
 #[test]

@@ -62,7 +62,8 @@ async fn full_lifecycle_through_the_typed_client() {
     assert_eq!(rev2.revision, rev.revision);
 
     let got = client.workload("docs").await.unwrap();
-    assert_eq!(got.status, "awaiting_upload");
+    // An upload waits for activation.
+    assert_eq!(got.status, "awaiting_activation");
     assert_eq!(
         got.candidate_revision.as_deref(),
         Some(rev.revision.as_str())
@@ -729,11 +730,11 @@ async fn downloads_ranges_and_conditional_requests() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("context_service_bundle_cache_loads 1"),
+        metrics.contains("context_service_bundle_cache_loads_total 1"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("context_service_bundle_cache_hits 1"),
+        metrics.contains("context_service_bundle_cache_hits_total 1"),
         "{metrics}"
     );
     // Both answers left by sendfile(2) from the cached blob file, not copied.
@@ -849,7 +850,7 @@ async fn head_answers_from_the_record_without_loading_the_cache() {
     assert_eq!(sha256(&resp.bytes().await.unwrap()), digest);
     let after = cache_metrics(&server).await;
     assert!(
-        after.contains(&"context_service_bundle_cache_loads 1".to_owned()),
+        after.contains(&"context_service_bundle_cache_loads_total 1".to_owned()),
         "{after:?}"
     );
     // A HEAD of an unknown revision is still 404.

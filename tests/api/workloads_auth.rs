@@ -227,3 +227,90 @@ async fn a_trusted_service_acts_for_a_user() {
         .await;
     assert_error(resp, 403, "scope_missing", "workloads:write").await;
 }
+
+/// Every `/v1` refusal of the caller's token says why in plain words and
+/// carries the RFC 6750 challenge; `error="invalid_token"` only when a
+/// token was sent.
+#[tokio::test]
+async fn token_refusals_carry_plain_words_and_a_bearer_challenge() {
+    use crate::compat_support::{error_body, exact};
+    use context_service::api::challenge::{INVALID_TOKEN, NO_TOKEN};
+    use context_service::auth::NOT_A_JWT;
+    let server = TestServer::start().await;
+    let anyone = Caller::anonymous(&server);
+    let expired = sign_with_server_key(&server, &claims("alice", now() - 3600));
+    let cases = [
+        (
+            anyone.clone(),
+            "/v1/workloads",
+            "token_required",
+            "an Authorization: Bearer token is required",
+            NO_TOKEN,
+        ),
+        (
+            Caller::with_token(&server, "not-a-jwt"),
+            "/v1/workloads",
+            "token_invalid",
+            NOT_A_JWT,
+            INVALID_TOKEN,
+        ),
+        (
+            Caller::with_token(&server, "a.b.c"),
+            "/v1/workloads/docs",
+            "token_invalid",
+            NOT_A_JWT,
+            INVALID_TOKEN,
+        ),
+        (
+            Caller::with_token(&server, expired),
+            "/v1/workloads",
+            "token_expired",
+            "the token has expired",
+            INVALID_TOKEN,
+        ),
+        // The upstream drop-in routes too (upstream itself has no auth).
+        (
+            anyone.with_header("X-SH-Auth", "garbage"),
+            "/v1/sandbox-pools",
+            "token_invalid",
+            NOT_A_JWT,
+            INVALID_TOKEN,
+        ),
+        (
+            anyone.clone(),
+            "/v1/namespaces/team1/contexts",
+            "token_required",
+            "an Authorization: Bearer token is required",
+            NO_TOKEN,
+        ),
+    ];
+    for (caller, path, code, message, challenge) in cases {
+        let got = exact(caller.get(path).await).await;
+        assert_eq!(
+            (got.status, got.body.as_str()),
+            (401, error_body(code, message).as_str()),
+            "{path}: {got:?}"
+        );
+        assert_eq!(got.headers[reqwest::header::WWW_AUTHENTICATE], challenge);
+    }
+    // Not a `/v1` route, and not a refusal of the token: no challenge.
+    let healthz = exact(anyone.get("/healthz").await).await;
+    assert!(healthz
+        .headers
+        .get(reqwest::header::WWW_AUTHENTICATE)
+        .is_none());
+    let scoped = Caller::with_token(&server, server.token("alice", "pools:read"));
+    let got = exact(scoped.get("/v1/workloads").await).await;
+    assert_eq!(
+        (got.status, got.body.as_str()),
+        (
+            403,
+            error_body(
+                "scope_missing",
+                "the token lacks the scope \"workloads:read\""
+            )
+            .as_str()
+        )
+    );
+    assert!(got.headers.get(reqwest::header::WWW_AUTHENTICATE).is_none());
+}
