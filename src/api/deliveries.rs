@@ -9,7 +9,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use utoipa::ToSchema;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{Object, ObjectBuilder, Type};
+use utoipa::openapi::Required;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -23,8 +26,8 @@ use super::openapi::{
 use crate::app::AppState;
 use crate::auth::{Principal, Scope};
 use crate::delivery::{
-    DeliverInput, Delivered, DeliveryService, DeliveryTarget, RunList, Verify, RUN_ID_RULE,
-    WORKLOAD_NAME_RULE,
+    DeliverInput, Delivered, DeliveryService, DeliveryTarget, RunList, Verify, RUN_ID_PATTERN,
+    RUN_ID_RULE, WORKLOAD_NAME_RULE,
 };
 
 pub(super) fn router() -> OpenApiRouter<AppState> {
@@ -33,12 +36,13 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(release))
 }
 
-/// `POST /v1/workloads/{id}/deliveries` body: exactly one of `sandbox` and
+/// `POST /v1/workloads/{name}/deliveries` body: exactly one of `sandbox` and
 /// `pool`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct DeliverBody {
     /// The caller's id of the run: the same id delivers idempotently.
+    #[schema(schema_with = run_id_schema)]
     run_id: String,
     /// Deliver into this sandbox.
     sandbox: Option<String>,
@@ -48,12 +52,51 @@ struct DeliverBody {
     verify: Option<Verify>,
 }
 
+/// The schema of a run id: a string with the validator's own pattern (a
+/// field's doc comment is not used with `schema_with`).
+fn run_id_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(RUN_ID_PATTERN))
+        .description(Some(
+            "The caller's id of the run: the same id delivers idempotently.",
+        ))
+        .build()
+}
+
+/// The path of a run: the workload's name and the run id. Written out, as
+/// the derive drops `required` and the description of a parameter whose
+/// schema is built by a function.
+struct RunPath;
+
+impl IntoParams for RunPath {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let param = |name: &str, description: &str, schema: Object| {
+            ParameterBuilder::new()
+                .name(name)
+                .parameter_in(ParameterIn::Path)
+                .required(Required::True)
+                .description(Some(description))
+                .schema(Some(schema))
+                .build()
+        };
+        vec![
+            param(
+                "name",
+                "Workload name",
+                ObjectBuilder::new().schema_type(Type::String).build(),
+            ),
+            param("run", "Run id", run_id_schema()),
+        ]
+    }
+}
+
 /// A delivery or release that failed in a sandbox (`502`, with every
 /// sandbox's outcome).
 const FAILED: &[Code] = &[Code::DeliveryFailed];
 
 error_set!(
-    /// Errors of `POST /v1/workloads/{id}/deliveries`.
+    /// Errors of `POST /v1/workloads/{name}/deliveries`.
     DeliverErrors = [
         AUTH,
         BASE,
@@ -73,11 +116,11 @@ error_set!(
     ]
 );
 error_set!(
-    /// Errors of `GET /v1/workloads/{id}/deliveries`.
+    /// Errors of `GET /v1/workloads/{name}/deliveries`.
     ListErrors = [AUTH, BASE, PATH, DELIVERIES_OFF, WORKLOAD_NOT_FOUND]
 );
 error_set!(
-    /// Errors of `DELETE /v1/workloads/{id}/deliveries/{run}`.
+    /// Errors of `DELETE /v1/workloads/{name}/deliveries/{run}`.
     ReleaseErrors = [
         AUTH,
         BASE,
@@ -111,10 +154,10 @@ fn parse<T: TryFrom<String>>(value: String, rule: &str) -> Result<T, ApiError> {
 /// run `runId`.
 #[utoipa::path(
     post,
-    path = "/v1/workloads/{id}/deliveries",
+    path = "/v1/workloads/{name}/deliveries",
     operation_id = "deliverWorkload",
     tag = "deliveries",
-    params(("id" = String, Path, description = "Workload name"), Delegation),
+    params(("name" = String, Path, description = "Workload name"), Delegation),
     request_body = DeliverBody,
     responses((status = CREATED, description = "Delivered into every sandbox.", body = Delivered), Errors<DeliverErrors>),
     security(("bearer" = []), ("shAuth" = []))
@@ -150,10 +193,10 @@ async fn deliver(
 /// Lists the workload's live runs (scope `workloads:deliver`).
 #[utoipa::path(
     get,
-    path = "/v1/workloads/{id}/deliveries",
+    path = "/v1/workloads/{name}/deliveries",
     operation_id = "listDeliveries",
     tag = "deliveries",
-    params(("id" = String, Path, description = "Workload name"), Delegation),
+    params(("name" = String, Path, description = "Workload name"), Delegation),
     responses((status = OK, description = "The live runs, by run id.", body = RunList), Errors<ListErrors>),
     security(("bearer" = []), ("shAuth" = []))
 )]
@@ -177,10 +220,10 @@ async fn list(
 /// reached.
 #[utoipa::path(
     delete,
-    path = "/v1/workloads/{id}/deliveries/{run}",
+    path = "/v1/workloads/{name}/deliveries/{run}",
     operation_id = "releaseDelivery",
     tag = "deliveries",
-    params(("id" = String, Path, description = "Workload name"), ("run" = String, Path, description = "Run id"), Delegation),
+    params(RunPath, Delegation),
     responses((status = NO_CONTENT, description = "Released."), Errors<ReleaseErrors>),
     security(("bearer" = []), ("shAuth" = []))
 )]

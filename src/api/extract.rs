@@ -111,7 +111,7 @@ where
 pub const BUNDLE_MEDIA_TYPES: [&str; 2] = [BUNDLE_MEDIA_TYPE, "application/gzip"];
 
 /// The headers of a bundle upload, checked the same way on every upload
-/// route (the owner's `PUT /v1/workloads/{id}/bundle`, and `PUT
+/// route (the owner's `PUT /v1/workloads/{name}/bundle`, and `PUT
 /// /v1/uploads/{id}` with a grant or a trusted capability). Each route
 /// checks them at its own point of its order of checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,11 +29,11 @@ pub struct RequestLimits {
 /// Routes whose handlers stream a body of any length, so a total deadline
 /// would cut legitimate transfers; the body idle timeout still applies.
 const STREAMING_ROUTES: &[(Method, &str)] = &[
-    (Method::PUT, "/v1/workloads/{id}/bundle"),
+    (Method::PUT, "/v1/workloads/{name}/bundle"),
     (Method::PUT, "/v1/uploads/{grant}"),
     (
         Method::GET,
-        "/v1/workloads/{id}/revisions/{revision}/bundle",
+        "/v1/workloads/{name}/revisions/{revision}/bundle",
     ),
     // The trusted export (`api::trusted`).
     (
@@ -46,8 +46,8 @@ const STREAMING_ROUTES: &[(Method, &str)] = &[
 /// `--delivery-timeout` (minutes for a large bundle), not by the request
 /// deadline meant for calls that only touch the store.
 const DELIVERY_ROUTES: &[(Method, &str)] = &[
-    (Method::POST, "/v1/workloads/{id}/deliveries"),
-    (Method::DELETE, "/v1/workloads/{id}/deliveries/{run}"),
+    (Method::POST, "/v1/workloads/{name}/deliveries"),
+    (Method::DELETE, "/v1/workloads/{name}/deliveries/{run}"),
 ];
 
 /// The pool read that long-polls with `?wait=ready` (capped by the pool

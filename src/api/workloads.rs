@@ -51,7 +51,7 @@ pub struct CreateBody {
     pub kind: Option<String>,
 }
 
-/// `POST /v1/workloads/{id}/activate` body.
+/// `POST /v1/workloads/{name}/activate` body.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActivateBody {
@@ -86,15 +86,15 @@ error_set!(
     ListErrors = [AUTH, BASE]
 );
 error_set!(
-    /// Errors of `GET` and `DELETE /v1/workloads/{id}`.
+    /// Errors of `GET` and `DELETE /v1/workloads/{name}`.
     OneErrors = [AUTH, BASE, PATH, WORKLOAD_NOT_FOUND]
 );
 error_set!(
-    /// Errors of `POST /v1/workloads/{id}/uploads`.
+    /// Errors of `POST /v1/workloads/{name}/uploads`.
     GrantErrors = [AUTH, BASE, PATH, WORKLOAD_NOT_FOUND, UPLOADABLE]
 );
 error_set!(
-    /// Errors of `POST /v1/workloads/{id}/activate`.
+    /// Errors of `POST /v1/workloads/{name}/activate`.
     ActivateErrors = [
         AUTH,
         BASE,
@@ -111,7 +111,7 @@ error_set!(
     ]
 );
 error_set!(
-    /// Errors of `PUT /v1/workloads/{id}/bundle` (streaming: no deadline).
+    /// Errors of `PUT /v1/workloads/{name}/bundle` (streaming: no deadline).
     OwnerUploadErrors = [AUTH, BODY, PATH, WORKLOAD_NOT_FOUND, UPLOADABLE, BUNDLE_UPLOAD, OBJECT_STORAGE]
 );
 error_set!(
@@ -139,7 +139,7 @@ error_set!(
     ]
 );
 error_set!(
-    /// Errors of `GET /v1/workloads/{id}/revisions/{revision}/bundle`
+    /// Errors of `GET /v1/workloads/{name}/revisions/{revision}/bundle`
     /// (streaming: no deadline).
     DownloadErrors = [
         AUTH,
@@ -156,7 +156,7 @@ error_set!(
     ]
 );
 
-/// The workload `{id}` names. An invalid name can never exist, so it is
+/// The workload `{name}` names. An invalid name can never exist, so it is
 /// answered like a missing one (`404 workload_not_found`).
 fn workload_name(id: String) -> ApiResult<WorkloadName> {
     WorkloadName::try_from(id).map_err(|e| WorkloadError::NotFound(e.0).into())
@@ -215,10 +215,10 @@ async fn list(State(svc): State<WorkloadService>, principal: Principal) -> ApiRe
 /// Reads one of the caller's workloads (scope `workloads:read`).
 #[utoipa::path(
     get,
-    path = "/v1/workloads/{id}",
+    path = "/v1/workloads/{name}",
     operation_id = "getWorkload",
     tag = "workloads",
-    params(("id" = String, Path, description = "Workload name"), Delegation),
+    params(("name" = String, Path, description = "Workload name"), Delegation),
     responses((status = OK, description = "The workload.", body = WorkloadView), Errors<OneErrors>),
     security(("bearer" = []), ("shAuth" = []))
 )]
@@ -237,10 +237,10 @@ async fn read(
 /// Scope `workloads:write`.
 #[utoipa::path(
     delete,
-    path = "/v1/workloads/{id}",
+    path = "/v1/workloads/{name}",
     operation_id = "deleteWorkload",
     tag = "workloads",
-    params(("id" = String, Path, description = "Workload name"), Delegation),
+    params(("name" = String, Path, description = "Workload name"), Delegation),
     responses((status = NO_CONTENT, description = "Deleted."), Errors<OneErrors>),
     security(("bearer" = []), ("shAuth" = []))
 )]
@@ -260,10 +260,10 @@ async fn remove(
 /// Scope `workloads:write`; the workload must be awaiting its bundle.
 #[utoipa::path(
     post,
-    path = "/v1/workloads/{id}/uploads",
+    path = "/v1/workloads/{name}/uploads",
     operation_id = "createUploadGrant",
     tag = "workloads",
-    params(("id" = String, Path, description = "Workload name"), Delegation),
+    params(("name" = String, Path, description = "Workload name"), Delegation),
     responses((status = CREATED, description = "The grant.", body = UploadGrantView), Errors<GrantErrors>),
     security(("bearer" = []), ("shAuth" = []))
 )]
@@ -284,10 +284,10 @@ async fn new_grant(
 /// Scope `workloads:write`.
 #[utoipa::path(
     post,
-    path = "/v1/workloads/{id}/activate",
+    path = "/v1/workloads/{name}/activate",
     operation_id = "activateWorkload",
     tag = "workloads",
-    params(("id" = String, Path, description = "Workload name"), Delegation),
+    params(("name" = String, Path, description = "Workload name"), Delegation),
     request_body = ActivateBody,
     responses((status = OK, description = "The workload, ready.", body = WorkloadView), Errors<ActivateErrors>),
     security(("bearer" = []), ("shAuth" = []))
@@ -310,10 +310,10 @@ async fn activate(
 /// Uploads a bundle as the workload's owner (scope `workloads:write`).
 #[utoipa::path(
     put,
-    path = "/v1/workloads/{id}/bundle",
+    path = "/v1/workloads/{name}/bundle",
     operation_id = "uploadBundle",
     tag = "workloads",
-    params(("id" = String, Path, description = "Workload name"), Delegation),
+    params(("name" = String, Path, description = "Workload name"), Delegation),
     request_body(
         description = "The bundle (a gzip-compressed tar), streamed.",
         content(
@@ -420,11 +420,11 @@ async fn upload(
 /// `If-Range`.
 #[utoipa::path(
     get,
-    path = "/v1/workloads/{id}/revisions/{revision}/bundle",
+    path = "/v1/workloads/{name}/revisions/{revision}/bundle",
     operation_id = "downloadBundle",
     tag = "workloads",
     params(
-        ("id" = String, Path, description = "Workload name"),
+        ("name" = String, Path, description = "Workload name"),
         ("revision" = String, Path, description = "The revision, as the upload answered it"),
         Delegation
     ),

@@ -104,7 +104,7 @@ pub use port::{ExecError, ExecSession, ExecTarget, SandboxExec};
 pub use script::{
     is_valid_root, is_valid_run_id, is_valid_scope, parse_line, render_deliver, render_release,
     DeliverRequest, LineError, ReleaseRequest, RunId, ScriptError, ScriptLine, Verify,
-    DEFAULT_ROOT, ERROR_CODES,
+    DEFAULT_ROOT, ERROR_CODES, RUN_ID_PATTERN,
 };
 pub use service::{
     DeliverInput, DeliveryDeps, DeliveryService, DeliverySettings, DeliveryTarget, SettingsError,

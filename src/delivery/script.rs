@@ -199,7 +199,19 @@ pub struct LineError {
     pub line: String,
 }
 
-/// Whether `run_id` matches `^[a-z0-9][a-z0-9._-]{0,62}$`.
+/// The run-id rule as a literal, for `concat!` into messages.
+macro_rules! run_id_pattern {
+    () => {
+        "^[a-z0-9][a-z0-9._-]{0,62}$"
+    };
+}
+pub(crate) use run_id_pattern;
+
+/// The run-id rule as a regular expression: what [`is_valid_run_id`]
+/// checks, as the OpenAPI document and the refusals quote it.
+pub const RUN_ID_PATTERN: &str = run_id_pattern!();
+
+/// Whether `run_id` matches [`RUN_ID_PATTERN`].
 pub fn is_valid_run_id(run_id: &str) -> bool {
     let b = run_id.as_bytes();
     let first = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
@@ -255,7 +267,7 @@ const ROOT_RULE: &str =
     "must be a path (absolute, or relative to the working directory) of [A-Za-z0-9._-] components, without '.', '..' or empty components";
 const SCOPE_RULE: &str = "must be 32 lowercase hex digits";
 const WORKLOAD_RULE: &str = "must be a lowercase DNS label of at most 50 characters";
-const RUN_ID_RULE: &str = "must match ^[a-z0-9][a-z0-9._-]{0,62}$";
+const RUN_ID_RULE: &str = concat!("must match ", run_id_pattern!());
 const DIGEST_RULE: &str = "must be 64 lowercase hex digits";
 const SIZE_RULE: &str = "must be between 1 and 2^62";
 const COUNT_RULE: &str = "must be at most 2^62";

@@ -96,7 +96,7 @@ pub const WORKLOAD_NAME_RULE: &str = "the workload name must be at most 50 lower
 
 /// What a delivery route answers (`400 invalid_request`) for a run id that
 /// breaks its rule.
-pub const RUN_ID_RULE: &str = "runId must match ^[a-z0-9][a-z0-9._-]{0,62}$";
+pub const RUN_ID_RULE: &str = concat!("runId must match ", super::script::run_id_pattern!());
 
 /// A delivery request, parsed from the API.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -123,6 +123,54 @@ async fn the_served_document_is_the_generated_one() {
     }
 }
 
+/// A workload is `{name}` in every path (as in the docs and the metrics'
+/// route labels), and a run id carries the validator's own pattern, in the
+/// body and in the path.
+#[test]
+fn workload_paths_say_name_and_run_ids_carry_their_pattern() {
+    use context_service::delivery::{is_valid_run_id, RUN_ID_PATTERN};
+    let doc = answers::document();
+    let workload_paths: Vec<String> = operations(doc)
+        .into_iter()
+        .map(|(_, path, _)| path)
+        .filter(|p| p.starts_with("/v1/workloads/"))
+        .collect();
+    assert!(workload_paths.len() >= 8, "{workload_paths:?}");
+    for (method, path, op) in operations(doc) {
+        if !path.starts_with("/v1/workloads/") {
+            continue;
+        }
+        assert!(path.starts_with("/v1/workloads/{name}"), "{method} {path}");
+        let names: Vec<&str> = op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["in"] == "path")
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.first(), Some(&"name"), "{method} {path}");
+    }
+    let body = &doc["components"]["schemas"]["DeliverBody"]["properties"]["runId"];
+    assert_eq!(body["pattern"], RUN_ID_PATTERN, "{body}");
+    assert_eq!(body["type"], "string", "{body}");
+    assert!(body["description"].is_string(), "{body}");
+    let (_, _, release) = operations(doc)
+        .into_iter()
+        .find(|(m, p, _)| *m == Method::DELETE && p == "/v1/workloads/{name}/deliveries/{run}")
+        .expect("the release operation");
+    let run = release["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "run")
+        .expect("the run parameter");
+    assert_eq!(run["schema"]["pattern"], RUN_ID_PATTERN, "{run}");
+    assert_eq!(run["required"], true, "{run}");
+    // The pattern is the validator's rule.
+    assert_eq!(RUN_ID_PATTERN, "^[a-z0-9][a-z0-9._-]{0,62}$");
+    assert!(is_valid_run_id(&"a".repeat(63)) && !is_valid_run_id(&"a".repeat(64)));
+}
+
 /// Document → router: every documented operation is routed (answered by
 /// its handler, not by the mux's `404 page not found` or `405`), and its
 /// unauthenticated answer is one it lists.

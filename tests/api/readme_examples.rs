@@ -124,14 +124,15 @@ async fn readme_examples_run() {
             found.len()
         );
         marked += here;
-        blocks.extend(found);
+        let readme = path.ends_with("README.md");
+        blocks.extend(found.into_iter().map(|b| (readme, b)));
     }
     // At least as many as README.md held before the pages under docs/ took
     // most of them: moving a block must not drop it.
     assert!(marked >= 6, "found {marked} tested blocks");
     let commands = blocks
         .iter()
-        .flat_map(|b| b.lines())
+        .flat_map(|(_, b)| b.lines())
         .filter(|l| l.trim_start().starts_with("contextctl "))
         .count();
     eprintln!("{marked} tested blocks, {commands} contextctl examples");
@@ -145,27 +146,30 @@ async fn readme_examples_run() {
         .parent()
         .expect("bin dir");
     workdir(work.path(), bin_dir, &server.data_dir);
-    let blocks: Vec<shown::Checked> = blocks.iter().map(|b| shown::Checked::new(b)).collect();
+    let blocks: Vec<(bool, shown::Checked)> = blocks
+        .iter()
+        .map(|(readme, b)| (*readme, shown::Checked::new(b)))
+        .collect();
     // The README tour shows what it prints: taking the `#>` lines out
     // would silently stop checking it.
-    let shown_lines: usize = blocks.iter().map(|b| b.shown_lines()).sum();
+    let shown_lines: usize = blocks.iter().map(|(_, b)| b.shown_lines()).sum();
     assert!(
         shown_lines >= 40,
         "only {shown_lines} lines of shown output"
     );
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    for block in blocks {
+    let system_path = std::env::var("PATH").unwrap_or_default();
+    let path = format!("{}:{system_path}", bin_dir.display());
+    for (readme, block) in blocks {
+        // The README tour puts `target/release` on `PATH` itself, as its
+        // reader does: that line is tested too.
+        let path = if readme { &system_path } else { &path };
         let out = tokio::process::Command::from({
             let mut cmd = Command::new("bash");
             cmd.arg("-ec")
                 .arg(&block.script)
                 .current_dir(work.path())
                 .env("TMPDIR", work.path().join("tmp"))
-                .env("PATH", &path)
+                .env("PATH", path)
                 .env("CONTEXT_SERVICE_URL", &server.base)
                 .env("CS_DATA_DIR", &server.data_dir)
                 .env_remove("CONTEXT_SERVICE_TOKEN")

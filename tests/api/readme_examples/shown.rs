@@ -61,8 +61,9 @@ impl Checked {
                 continue;
             }
             let code = line.trim();
+            let heredoc = code.contains("<<") && !code.contains("<<<");
             assert!(
-                !(code.contains("<<") && !code.contains("<<<")),
+                !heredoc,
                 "a block that shows output cannot hold a heredoc:\n{line}"
             );
             if !continues && !code.is_empty() && !code.starts_with('#') {
@@ -243,7 +244,7 @@ echo 'sha256:0123 verified'
         assert!(!line_matches("a...b...c", "a c b"));
         assert!(!line_matches("ab...ba", "aba"));
         assert!(!line_matches("abc", "abcd"));
-        let shown = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let shown = |l: &[&str]| l.iter().map(ToString::to_string).collect::<Vec<_>>();
         assert!(lines_match(&shown(&["...", "z"]), &["x", "y", "z"]));
         assert!(lines_match(&shown(&["a", "..."]), &["a"]));
         assert!(!lines_match(&shown(&["a"]), &["a", "b"]));
