@@ -76,7 +76,11 @@ impl Modify for SecuritySchemes {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .bearer_format("JWT")
-                    .description(Some("An API token: a JWT carrying `sub` and `scope`."))
+                    .description(Some(
+                        "An API token: a JWT carrying `sub` and `scope`. A `401` for it \
+                         carries `WWW-Authenticate: Bearer realm=\"context-service\"` (with \
+                         `error=\"invalid_token\"` when a token was sent and refused).",
+                    ))
                     .build(),
             ),
         );
