@@ -1,6 +1,8 @@
 //! Binding, serving and graceful shutdown.
 
 mod conn;
+mod drain;
+mod fd_budget;
 mod in_flight;
 mod sendfile;
 
@@ -16,6 +18,8 @@ use crate::app::{AppState, BuildOptions};
 use crate::config::ServeConfig;
 
 pub use conn::ConnectionLimits;
+use drain::DrainMetrics;
+use fd_budget::FileDemand;
 use in_flight::InFlight;
 
 /// Which signal asked the process to stop; they differ in the grace.
@@ -72,7 +76,8 @@ impl Server {
             None => None,
         };
         let mut connection_limits = connection_limits(config);
-        connection_limits.max_connections = fit_to_fd_limit(config.max_connections);
+        connection_limits.max_connections =
+            fd_budget::fit_connections(config.max_connections, &FileDemand::of(config));
         Ok(Self {
             listener,
             metrics_listener,
@@ -134,6 +139,7 @@ impl Server {
         let readiness = self.state.readiness.clone();
         let separate_metrics = self.metrics_listener.is_some();
         let app = api::router(self.state, self.request_limits, !separate_metrics);
+        let drained = DrainMetrics::register(&metrics);
         let in_flight = InFlight::default();
         // Both listeners stop on the one shutdown signal, after the grace.
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -168,6 +174,7 @@ impl Server {
                 api::metrics_router(metrics.clone()),
                 self.connection_limits,
                 metrics.clone(),
+                drained.clone(),
                 on_stop(stopped.clone()),
                 times.timeout,
                 in_flight.clone(),
@@ -178,6 +185,7 @@ impl Server {
             app,
             self.connection_limits,
             metrics,
+            drained,
             on_stop(stopped),
             times.timeout,
             in_flight,
@@ -249,47 +257,6 @@ fn check_limits(config: &ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// File descriptors kept for everything but client connections: the
-/// listener, the store and blobs, upload spools, the Kubernetes client, and
-/// the cached bundles' mapped blob files.
-const FD_RESERVE: u64 = 256 + crate::zerocopy::MAX_MAPPINGS as u64;
-
-/// Raises the soft open-file limit to the hard one (as Go's runtime does)
-/// and lowers `max_connections` when even that cannot hold them besides
-/// [`FD_RESERVE`], so that a flood meets the connection cap, never a failing
-/// `accept` or a store that cannot open a file.
-fn fit_to_fd_limit(max_connections: usize) -> usize {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let limit = getrlimit(Resource::Nofile);
-    let mut soft = limit.current;
-    if let (Some(current), Some(hard)) = (limit.current, limit.maximum) {
-        if hard > current {
-            let raised = Rlimit {
-                current: Some(hard),
-                maximum: Some(hard),
-            };
-            match setrlimit(Resource::Nofile, raised) {
-                Ok(()) => soft = Some(hard),
-                Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
-            }
-        }
-    }
-    let Some(soft) = soft else {
-        return max_connections;
-    };
-    let room = usize::try_from(soft.saturating_sub(FD_RESERVE).max(1)).unwrap_or(usize::MAX);
-    if max_connections > room {
-        tracing::warn!(
-            max_connections,
-            lowered_to = room,
-            open_file_limit = soft,
-            "--max-connections exceeds the open-file limit; lowered"
-        );
-        return room;
-    }
-    max_connections
-}
-
 /// Listens for SIGINT and SIGTERM from now on (so call it before logging
 /// that the service listens: a signal right after must not find the default
 /// action, which ends the process without a clean close); the future
@@ -359,16 +326,5 @@ mod tests {
         .unwrap();
         // Queued, not refused: all 24 ran, never more than 3 at once.
         assert_eq!(most.load(Ordering::SeqCst), 3);
-    }
-
-    #[test]
-    fn the_connection_cap_fits_the_open_file_limit() {
-        assert_eq!(fit_to_fd_limit(16), 16);
-        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-        let fitted = fit_to_fd_limit(usize::MAX);
-        match soft {
-            Some(soft) => assert_eq!(fitted as u64, soft.saturating_sub(FD_RESERVE).max(1)),
-            None => assert_eq!(fitted, usize::MAX),
-        }
     }
 }

@@ -1,7 +1,7 @@
 //! The accept loop: admits client connections under a global and a
 //! per-address cap, serves each with hyper's HTTP/1 server under a
-//! header-read timeout and a per-connection request limit, and drains them
-//! on shutdown.
+//! header-read timeout and a per-connection request limit, closes idle ones
+//! when the cap comes near (see `drain`), and drains them on shutdown.
 //!
 //! axum's `serve` sets no hyper timer (so no header-read timeout) and
 //! accepts without bound, which let half-sent requests and idle sockets pile
@@ -23,7 +23,6 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -33,7 +32,8 @@ use tower::ServiceExt as _;
 use crate::api::ErrorBody;
 use crate::metrics::Metrics;
 
-use super::in_flight::InFlight;
+use super::drain::{ConnState, DrainMetrics, Drainer, Tracked};
+use super::in_flight::{self, InFlight};
 use super::sendfile::SendfileStream;
 
 /// Connection-level limits.
@@ -52,7 +52,7 @@ pub struct ConnectionLimits {
 
 /// Refusals being written at once; beyond this a refused connection is
 /// closed without an answer, so a flood cannot pile up refusal tasks.
-const MAX_PENDING_REFUSALS: usize = 64;
+pub(super) const MAX_PENDING_REFUSALS: usize = 64;
 
 /// How long a refusal may take to write its answer and read what the
 /// client had already sent.
@@ -65,21 +65,32 @@ const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
 /// Pause after an accept error such as running out of file descriptors.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
+/// Pause after idle connections were picked to free descriptors for
+/// `accept`: long enough for them to close.
+const DRAINED_PAUSE: Duration = Duration::from_millis(10);
+
+/// How long a connection over the cap waits for the slot of an idle one
+/// being closed before it is refused.
+const SLOT_WAIT: Duration = Duration::from_millis(100);
+
 /// Serves `app` on `listener` until `shutdown` completes, then closes the
 /// listener and gives open connections `drain_timeout` to finish their
 /// requests (idle ones close at once); those still open then are closed.
+/// Idle connections closed to make room are counted on `drained`.
+#[allow(clippy::too_many_arguments)] // each is one of `Server::run`'s parts
 pub(super) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
     metrics: Metrics,
+    drained: DrainMetrics,
     shutdown: impl Future<Output = ()>,
     drain_timeout: Duration,
     in_flight: InFlight,
 ) {
     let admission = Admission::new(&limits, metrics.clone());
+    let drainer = Drainer::new(limits.max_connections, drained);
     let refusals = Arc::new(Semaphore::new(MAX_PENDING_REFUSALS));
-    let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
@@ -96,12 +107,22 @@ pub(super) async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    accept_failed(e).await;
+                    accept_failed(e, &drainer).await;
                     continue;
                 }
             },
         };
+        let picked = drainer.make_room();
         let admitted = match admission.admit(peer.ip()) {
+            // Idle connections were just told to close: their slots are
+            // about to free. (Only then: a connection picked earlier that
+            // turned busy would hold the accept loop at every refusal.)
+            Err(Refusal::Total(_)) if picked > 0 => {
+                admission.admit_waiting(peer.ip(), SLOT_WAIT).await
+            }
+            admitted => admitted,
+        };
+        let admitted = match admitted {
             Ok(admitted) => admitted,
             Err(refusal) => {
                 metrics.connection_refused(refusal.limit());
@@ -112,19 +133,34 @@ pub(super) async fn serve(
         };
         // Small answers should not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
+        let registration = drainer.register();
+        let state = registration.state().clone();
         let service = ConnectionService::new(
             app.clone(),
             limits.max_requests_per_connection,
             in_flight.clone(),
+            state.clone(),
         );
         let stream = SendfileStream::new(stream, metrics.sendfile_bytes().clone());
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let stream = Tracked::new(stream, state);
+        let conn = http.serve_connection(TokioIo::new(stream), service);
         connections.spawn(async move {
-            if let Err(e) = conn.await {
+            tokio::pin!(conn);
+            // Told to close (drained, or shut down): hyper closes an idle
+            // connection at once and lets a request in flight finish.
+            let ended = tokio::select! {
+                ended = conn.as_mut() => ended,
+                () = registration.closed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
                 // Header timeouts, resets and malformed requests end here.
                 tracing::debug!(peer = %peer, error = %e, "connection ended with an error");
             }
             drop(admitted);
+            drop(registration);
         });
     }
     drop(listener);
@@ -133,10 +169,9 @@ pub(super) async fn serve(
         open = connections.len(),
         "listener closed; finishing in-flight requests"
     );
-    if tokio::time::timeout(drain_timeout, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    drainer.close_all();
+    let finished = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(drain_timeout, finished).await.is_err() {
         while connections.try_join_next().is_some() {}
         tracing::warn!(
             "--shutdown-timeout ({drain_timeout:?}) passed: closing {} connection(s) still open",
@@ -155,15 +190,18 @@ struct ConnectionService {
     served: AtomicUsize,
     max_requests: usize,
     in_flight: InFlight,
+    /// Marked busy while a request is answered, for the drain.
+    state: Arc<ConnState>,
 }
 
 impl ConnectionService {
-    fn new(app: Router, max_requests: usize, in_flight: InFlight) -> Self {
+    fn new(app: Router, max_requests: usize, in_flight: InFlight, state: Arc<ConnState>) -> Self {
         Self {
             app,
             served: AtomicUsize::new(0),
             max_requests,
             in_flight,
+            state,
         }
     }
 }
@@ -178,6 +216,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         let last = self.max_requests > 0 && n >= self.max_requests;
         let app = self.app.clone();
         let guard = self.in_flight.start();
+        let busy = self.state.request();
         Box::pin(async move {
             let mut response = app.oneshot(request).await?;
             if last {
@@ -185,14 +224,14 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            Ok(guard.hold_until_sent(response))
+            Ok(in_flight::hold_until_sent(response, (guard, busy)))
         })
     }
 }
 
-/// Logs an accept error; pauses on resource exhaustion so the loop does not
-/// spin while, e.g., file descriptors are used up.
-async fn accept_failed(e: io::Error) {
+/// Logs an accept error; out of file descriptors, closes idle connections
+/// to free some; pauses so the loop does not spin while none come free.
+async fn accept_failed(e: io::Error, drainer: &Drainer) {
     use io::ErrorKind as K;
     // The peer gave up between SYN and accept: nothing to do.
     if matches!(
@@ -200,6 +239,18 @@ async fn accept_failed(e: io::Error) {
         K::ConnectionAborted | K::ConnectionReset | K::ConnectionRefused
     ) {
         return;
+    }
+    let out_of_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+    if out_of_fds {
+        let freed = drainer.free_descriptors();
+        if freed > 0 {
+            tracing::info!(
+                closing = freed,
+                "out of file descriptors: closing idle connections"
+            );
+            tokio::time::sleep(DRAINED_PAUSE).await;
+            return;
+        }
     }
     tracing::warn!(error = %e, "accepting a connection failed");
     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
@@ -263,13 +314,33 @@ impl Admission {
     }
 
     fn admit(&self, address: IpAddr) -> Result<Admitted, Refusal> {
+        self.admit_with(address, None)
+    }
+
+    /// [`Admission::admit`], waiting up to `wait` for a global slot.
+    async fn admit_waiting(&self, address: IpAddr, wait: Duration) -> Result<Admitted, Refusal> {
+        let slot = tokio::time::timeout(wait, self.slots.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or(Refusal::Total(self.max_total))?;
+        self.admit_with(address, Some(slot))
+    }
+
+    fn admit_with(
+        &self,
+        address: IpAddr,
+        slot: Option<OwnedSemaphorePermit>,
+    ) -> Result<Admitted, Refusal> {
         // One address whether it arrives as IPv4 or IPv4-mapped IPv6.
         let address = address.to_canonical();
-        let take_slot = || {
-            self.slots
+        let take_slot = || match slot {
+            Some(slot) => Ok(slot),
+            None => self
+                .slots
                 .clone()
                 .try_acquire_owned()
-                .map_err(|_| Refusal::Total(self.max_total))
+                .map_err(|_| Refusal::Total(self.max_total)),
         };
         let (slot, per_address) = if self.max_per_address == 0 {
             (take_slot()?, None)

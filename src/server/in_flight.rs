@@ -50,17 +50,16 @@ impl InFlight {
 #[derive(Debug)]
 pub(super) struct Guard(Arc<Shared>);
 
-impl Guard {
-    /// `response` with its body holding this guard, so that the request
-    /// counts until its last byte is sent.
-    pub(super) fn hold_until_sent(self, response: Response) -> Response {
-        response.map(|body| {
-            Body::new(Tracked {
-                inner: body,
-                _guard: self,
-            })
+/// `response` with its body holding `guard` (a [`Guard`], or several
+/// guards in a tuple), so that the request counts until its last byte is
+/// sent.
+pub(super) fn hold_until_sent<G: Send + Unpin + 'static>(response: Response, guard: G) -> Response {
+    response.map(|body| {
+        Body::new(Tracked {
+            inner: body,
+            _guard: guard,
         })
-    }
+    })
 }
 
 impl Drop for Guard {
@@ -71,14 +70,14 @@ impl Drop for Guard {
     }
 }
 
-/// A response body that holds its request's [`Guard`]; the frames pass
+/// A response body that holds its request's guards; the frames pass
 /// through untouched (mapped-blob buffers included, for `sendfile`).
-struct Tracked {
+struct Tracked<G> {
     inner: Body,
-    _guard: Guard,
+    _guard: G,
 }
 
-impl HttpBody for Tracked {
+impl<G: Send + Unpin + 'static> HttpBody for Tracked<G> {
     type Data = axum::body::Bytes;
     type Error = axum::Error;
 
@@ -111,7 +110,7 @@ mod tests {
         let in_flight = InFlight::default();
         in_flight.idle().await;
         let guard = in_flight.start();
-        let response = guard.hold_until_sent(Response::new(Body::from("hello")));
+        let response = hold_until_sent(Response::new(Body::from("hello")), guard);
         assert_eq!(response.body().size_hint().exact(), Some(5));
         let waiting = tokio::spawn({
             let in_flight = in_flight.clone();

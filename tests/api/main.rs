@@ -34,6 +34,7 @@ mod deliveries;
 mod delivery_script;
 mod deploy_files;
 mod dockerfile;
+mod fd_pressure;
 mod first_hour;
 mod hardening;
 mod hs256_secret;

@@ -25,16 +25,45 @@ impl Process {
     /// Starts the binary on `data_dir` with `args` and waits for its
     /// "listening" line.
     pub(crate) fn start(data_dir: &Path, args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_context-service"))
+        Self::spawn(Self::command(data_dir, args))
+    }
+
+    /// [`Process::start`] with its open-file limit (soft and hard, so the
+    /// service cannot raise it) set to `nofile`.
+    pub(crate) fn start_with_open_file_limit(data_dir: &Path, args: &[&str], nofile: u64) -> Self {
+        use std::os::unix::process::CommandExt as _;
+        let mut command = Self::command(data_dir, args);
+        // SAFETY: the closure makes one system call (`setrlimit`), which
+        // is async-signal-safe, and touches no memory shared with the
+        // parent.
+        unsafe {
+            command.pre_exec(move || {
+                let limit = rustix::process::Rlimit {
+                    current: Some(nofile),
+                    maximum: Some(nofile),
+                };
+                rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        Self::spawn(command)
+    }
+
+    fn command(data_dir: &Path, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_context-service"));
+        command
             .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
             .arg("--data-dir")
             .arg(data_dir)
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("context-service starts");
+            .stderr(Stdio::piped());
+        command
+    }
+
+    fn spawn(mut command: Command) -> Self {
+        let mut child = command.spawn().expect("context-service starts");
         let stderr = child.stderr.take().expect("stderr");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
