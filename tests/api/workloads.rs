@@ -416,7 +416,13 @@ async fn activation_rules() {
             second.revision
         ))
         .await;
-    assert_error(resp, 409, "workload_not_ready", "awaiting_upload").await;
+    assert_error(
+        resp,
+        409,
+        "workload_not_ready",
+        "workload \"w\" is awaiting_activation; activate its uploaded revision first",
+    )
+    .await;
 
     assert_eq!(activate(&second.revision).await.status(), 200);
     assert_eq!(activate(&second.revision).await.status(), 200);
