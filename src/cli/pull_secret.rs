@@ -93,16 +93,20 @@ pub async fn run(
             );
         }
     }
-    let mut query = url::form_urlencoded::Serializer::new(String::new());
-    query
-        .append_pair("service", "context-service")
-        .append_pair("scope", &format!("repository:workloads/{}:pull", args.name))
-        .append_pair("ttl", &ttl.to_string());
-    if let Some(r) = &args.revision {
-        query.append_pair("revision", r);
-    }
+    // Built in one expression: the serializer must not live across an await.
+    let query = {
+        let mut query = url::form_urlencoded::Serializer::new(String::new());
+        query
+            .append_pair("service", "context-service")
+            .append_pair("scope", &format!("repository:workloads/{}:pull", args.name))
+            .append_pair("ttl", &ttl.to_string());
+        if let Some(r) = &args.revision {
+            query.append_pair("revision", r);
+        }
+        query.finish()
+    };
     let resp = client
-        .request(Method::GET, &format!("/v2/token?{}", query.finish()))
+        .request(Method::GET, &format!("/v2/token?{query}"))
         .send()
         .await
         .with_context(|| format!("requesting a registry token from {}", client.base_url()))?;
