@@ -851,7 +851,7 @@ async fn oras_and_crane_pull_the_workloads_files() {
     assert_eq!(ran.stdout, ours);
 
     for reference in [
-        format!(":active"),
+        ":active".to_owned(),
         format!(":{revision}"),
         format!("@{digest}"),
     ] {

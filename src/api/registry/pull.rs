@@ -14,7 +14,7 @@ use super::error::{RegistryCode, RegistryError};
 use crate::api::workloads::{header_value, requested_range};
 use crate::store::RevisionRecord;
 use crate::workload::oci::{OciImage, MANIFEST_MEDIA_TYPE};
-use crate::workload::{Revision, WorkloadName, WorkloadService};
+use crate::workload::{Revision, WorkloadError, WorkloadName, WorkloadService};
 
 /// The tag of a workload's active revision.
 pub const ACTIVE_TAG: &str = "active";
@@ -61,8 +61,7 @@ async fn image(
     match svc.locate(&r.right.owner, &name, &revision).await {
         Ok(rec) => Ok(Some((OciImage::of(r.name, &rec), rec))),
         // Changed between the two reads: as if not there.
-        Err(crate::workload::WorkloadError::RevisionNotFound(_))
-        | Err(crate::workload::WorkloadError::NotReady(_)) => Ok(None),
+        Err(WorkloadError::RevisionNotFound(_) | WorkloadError::NotReady(_)) => Ok(None),
         Err(e) => Err(RegistryError::of_workload(r.repo, e)),
     }
 }
