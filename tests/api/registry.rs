@@ -1154,3 +1154,42 @@ fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+#[tokio::test]
+async fn the_challenge_names_the_configured_registry_url() {
+    let server =
+        TestServer::start_with(|c| c.registry_url = Some("https://cs.example.com/".into())).await;
+    let resp = send(&server, Method::GET, "/v2/workloads/docs/tags/list", None).await;
+    assert_eq!(
+        header(&resp, "www-authenticate").as_deref(),
+        Some(
+            "Bearer realm=\"https://cs.example.com/v2/token\",service=\"context-service\",scope=\"repository:workloads/docs:pull\""
+        )
+    );
+    assert_spec_error(resp, 401, "UNAUTHORIZED", "authentication required").await;
+}
+
+/// `tools.sh bin` names the cache directory of exactly these versions, and
+/// refuses an unknown command as a usage error.
+#[test]
+fn tools_sh_names_the_versioned_cache_dir() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oci/tools.sh");
+    let cache = tempfile::tempdir().unwrap();
+    let out = Command::new(&script)
+        .arg("bin")
+        .env("XDG_CACHE_HOME", cache.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        cache
+            .path()
+            .join("context-service-tools/oci/oras-v1.3.6_crane-v0.22.1_conformance-v0.0.0-20260831232431-97274622c111/bin")
+            .to_str()
+            .unwrap()
+    );
+    let out = Command::new(&script).arg("frobnicate").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("usage"));
+}
