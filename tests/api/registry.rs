@@ -490,6 +490,10 @@ async fn errors_are_the_specs_and_other_owners_workloads_are_unknown() {
     .await;
     assert_spec_error(resp, 405, "UNSUPPORTED", "read-only").await;
 
+    let resp = send(&server, Method::POST, "/v2/token", Some(&alice)).await;
+    assert_eq!(header(&resp, "allow").as_deref(), Some("GET"));
+    assert_spec_error(resp, 405, "UNSUPPORTED", "use GET with Basic or Bearer").await;
+
     // A token without workloads:read may not pull.
     let narrow = bearer(&server.token("alice", "pools:read"));
     let resp = send(

@@ -113,7 +113,15 @@ async fn serve(state: &AppState, request: &Parts) -> Result<Response, RegistryEr
             return token::issue(state, headers, query);
         }
         Target::Token => {
-            return Err(unsupported(&format!("{method} /v2/token")).header(header::ALLOW, "GET"))
+            // containerd tries the OAuth2 form first and falls back to GET
+            // on a 405.
+            return Err(RegistryError::new(
+                RegistryCode::Unsupported,
+                format!(
+                    "{method} /v2/token is not supported: use GET with Basic or Bearer credentials"
+                ),
+            )
+            .header(header::ALLOW, "GET"));
         }
         Target::Base => return Err(unsupported(&format!("{method} /v2/"))),
         Target::Push => return Err(unsupported("push")),
