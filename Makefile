@@ -1,4 +1,4 @@
-.PHONY: e2e s3 test-postgres
+.PHONY: e2e oci s3 test-postgres
 
 # The API tests again with every test server keeping its metadata on
 # PostgreSQL (a throwaway cluster per test process, a database per server;
@@ -15,3 +15,11 @@ e2e:
 # module proxy (see tests/scale/seaweedfs.sh).
 s3:
 	tests/scale/run-s3.sh
+
+# The OCI pull API (/v2) against real clients: oras, crane and the
+# distribution-spec conformance suite, built from the Go module proxy once
+# and cached outside the repo (tests/oci/tools.sh). CI=1 makes a missing
+# tool a failure instead of a skip.
+oci:
+	tests/oci/tools.sh build
+	CI=1 cargo test --locked --test api registry:: -- --nocapture

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use axum::extract::FromRef;
 
 use crate::auth::dev::{self, DevIssuer};
+use crate::auth::registry::RegistryTokens;
 use crate::auth::{secret, Authenticator, KeySet, Owner, OwnerScope, ServiceToken};
 use crate::config::ServeConfig;
 use crate::delivery::{DeliveryDeps, DeliveryService, SandboxExec};
@@ -58,8 +59,19 @@ pub struct AppState {
     pub deliveries: Option<DeliveryService>,
     /// Cleared when shutdown begins.
     pub readiness: Readiness,
+    /// The OCI pull API's tokens and public URL.
+    pub registry: RegistrySettings,
     /// The data dir's lock, held while any clone of the state lives.
     _data_dir_lock: Arc<DataDirLock>,
+}
+
+/// What the OCI pull API (`/v2`) needs beyond the workloads.
+#[derive(Debug, Clone)]
+pub struct RegistrySettings {
+    /// Issues and verifies its pull tokens (keyed by the server secret).
+    pub tokens: RegistryTokens,
+    /// `--registry-url`, without a trailing `/`.
+    pub url: Option<String>,
 }
 
 /// Wraps the backend's exec port, e.g. to count or corrupt execs in tests.
@@ -115,6 +127,13 @@ impl AppState {
         let service_token = load_service_token(config)?.map(Arc::new);
         let secret = owner_scope_secret(config)?;
         let owner_scope = OwnerScope::new(&secret).context("the server secret is empty")?;
+        let registry = RegistrySettings {
+            tokens: RegistryTokens::new(&secret).context("the server secret is empty")?,
+            url: config
+                .registry_url
+                .as_deref()
+                .map(|u| u.trim_end_matches('/').to_owned()),
+        };
         let metrics = Metrics::new();
         let backend = sandbox::open(config.sandbox_settings(), options.kube_client.clone())
             .await
@@ -164,6 +183,7 @@ impl AppState {
             workloads,
             deliveries,
             readiness: Readiness::default(),
+            registry,
             _data_dir_lock: data_dir_lock,
         })
     }

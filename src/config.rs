@@ -87,6 +87,12 @@ pub struct ServeConfig {
     #[arg(long, env = "CS_OWNER_SCOPE_SECRET_FILE")]
     pub owner_scope_secret_file: Option<PathBuf>,
 
+    /// The registry's externally visible base URL (`https://cs.example.com`),
+    /// used in the `realm` of the OCI pull API's `401` challenges
+    /// (`<url>/v2/token`). Unset: `http://` and the request's `Host`.
+    #[arg(long, env = "CS_REGISTRY_URL")]
+    pub registry_url: Option<String>,
+
     /// File holding the service token of the trusted ("Moca") routes
     /// (`/internal/v1/...`, upload capabilities): a caller presenting it as
     /// `Authorization: Bearer <token>` acts for the subject it names in

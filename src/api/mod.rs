@@ -15,6 +15,7 @@ mod limits;
 pub mod mux;
 pub mod openapi;
 mod pools;
+pub mod registry;
 mod rejection;
 pub mod request_id;
 mod trusted;
@@ -77,6 +78,9 @@ pub fn router(state: AppState, limits: RequestLimits, with_metrics: bool) -> Rou
         .route_layer(track.clone())
         .route_layer(middleware::from_fn(answer::record))
         .route_layer(middleware::from_fn(challenge::bearer))
+        // The OCI pull API: the distribution spec's routes and answers,
+        // outside the OpenAPI document and the `/v1` conventions.
+        .merge(registry::router().route_layer(track.clone()))
         // Unknown paths answer like Go's mux, counted under one `unmatched`
         // route label.
         .fallback(mux::not_found.layer(track))

@@ -525,7 +525,7 @@ async fn download(
     Ok((status, out, Body::from_stream(stream)).into_response())
 }
 
-fn header_value(s: &str) -> ApiResult<HeaderValue> {
+pub(super) fn header_value(s: &str) -> ApiResult<HeaderValue> {
     HeaderValue::from_str(s).map_err(ApiError::internal)
 }
 
@@ -542,7 +542,11 @@ fn etag_matches(value: Option<&HeaderValue>, etag: &str) -> bool {
 /// The single byte range to serve, as `start..end`: `Ok(None)` serves the
 /// whole bundle (no, ignorable or multiple ranges, or a stale `If-Range`);
 /// `Err` is unsatisfiable (416).
-fn requested_range(headers: &HeaderMap, etag: &str, len: u64) -> Result<Option<(u64, u64)>, ()> {
+pub(super) fn requested_range(
+    headers: &HeaderMap,
+    etag: &str,
+    len: u64,
+) -> Result<Option<(u64, u64)>, ()> {
     let Some(value) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
         return Ok(None);
     };

@@ -11,6 +11,7 @@ mod keys;
 mod owner;
 mod principal;
 mod refusal;
+pub mod registry;
 mod scope;
 pub mod secret;
 mod service;

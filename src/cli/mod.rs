@@ -110,6 +110,7 @@ pub fn usage_failure(err: &clap::Error) -> ExitCode {
 
 pub mod context;
 pub mod pool;
+pub mod pull_secret;
 pub mod token;
 pub mod workload;
 

@@ -1,4 +1,4 @@
-//! `contextctl workload create|upload|activate|get|ls|download|rm|deliver|release|deliveries`.
+//! `contextctl workload create|upload|activate|get|ls|download|rm|deliver|release|deliveries|pull-secret`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -143,6 +143,35 @@ Examples:
         /// The run id.
         #[arg(long, value_parser = values::run_id)]
         run: RunId,
+    },
+    /// Print a kubernetes.io/dockerconfigjson Secret with a pull-only
+    /// registry credential for this one workload (OCI pull API, /v2).
+    #[command(after_help = "\
+Examples:
+  contextctl workload pull-secret docs | kubectl apply -f -
+  contextctl workload pull-secret docs --ttl 7d --registry cs.example.com -n team
+  contextctl workload pull-secret docs --docker-config > ~/.docker/config.json")]
+    PullSecret {
+        /// The workload.
+        name: String,
+        /// Pin the credential to this revision (the active one).
+        #[arg(long, value_parser = values::revision)]
+        revision: Option<String>,
+        /// Lifetime of the credential, at most 30 days.
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+        /// The registry host[:port] as nodes reach it [default: the service URL's].
+        #[arg(long)]
+        registry: Option<String>,
+        /// Name of the Secret [default: <workload>-pull].
+        #[arg(long)]
+        secret_name: Option<String>,
+        /// Namespace of the Secret.
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// Print only the docker config.json (for crane, oras, docker).
+        #[arg(long)]
+        docker_config: bool,
     },
     /// List the live runs of a workload and where they are.
     #[command(after_help = "\
@@ -350,6 +379,26 @@ pub async fn run(
                 OutputFormat::Name => println!("run/{run}"),
                 OutputFormat::Text | OutputFormat::Wide => println!("released {run}"),
             }
+        }
+        WorkloadCommand::PullSecret {
+            name,
+            revision,
+            ttl,
+            registry,
+            secret_name,
+            namespace,
+            docker_config,
+        } => {
+            let args = super::pull_secret::PullSecretArgs {
+                name,
+                revision,
+                ttl,
+                registry,
+                secret_name,
+                namespace,
+                docker_config,
+            };
+            super::pull_secret::run(&client, args, output).await?;
         }
         WorkloadCommand::Deliveries { name } => {
             let runs = client

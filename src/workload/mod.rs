@@ -23,6 +23,7 @@ mod error;
 mod grants;
 mod metrics;
 pub mod names;
+pub mod oci;
 mod recovery;
 mod service;
 mod settings;

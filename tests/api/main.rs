@@ -49,6 +49,7 @@ mod pool_lifetime;
 mod pools;
 mod quotas;
 mod readme_examples;
+mod registry;
 mod replicas;
 mod scale_out;
 mod service;
