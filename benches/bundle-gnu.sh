@@ -229,7 +229,7 @@ def cpu_rows(title, cases, gnu_cmd, gnu_dir):
     """Median CPU of ours (and BASE_BIN's) and GNU's, interleaved."""
     print()
     print(title)
-    print(f"{'input':<36}{'MB':>6}{'ours ms':>9}" + (f"{'base ms':>9}" if base else "")
+    print(f"{'input':<38}{'MB':>6}{'ours ms':>9}" + (f"{'base ms':>9}" if base else "")
           + f"{'GNU ms':>8}{'ratio':>7}" + (f"{'base':>6}" if base else "") + f"{'target':>8}{'load':>6}")
     for name, path, args in cases:
         mb = inflated(path) / 1e6
@@ -247,7 +247,7 @@ def cpu_rows(title, cases, gnu_cmd, gnu_dir):
         med = [statistics.median(t) * 1e3 for t in times]
         gnu = med[-1]
         ratio = gnu / med[0]
-        line = f"{name:<36}{mb:>6.1f}{med[0]:>9.1f}" + (f"{med[1]:>9.1f}" if base else "")
+        line = f"{name:<38}{mb:>6.1f}{med[0]:>9.1f}" + (f"{med[1]:>9.1f}" if base else "")
         line += f"{gnu:>8.1f}{ratio:>7.2f}" + (f"{gnu / med[1]:>6.2f}" if base else "")
         line += f"{'>= 2.0':>8}{statistics.median(loads):>6.1f}  {'ok' if ratio >= 2.0 else 'MISS'}"
         print(line)
