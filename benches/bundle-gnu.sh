@@ -7,16 +7,24 @@
 #
 # Inputs (made here, deterministic): (a) 9,800 x 1 KiB files in 110
 # directories; (b) 4 x 64 MiB files alternating 1 MiB of random bytes and
-# 1 MiB of text. Each is archived twice: as GNU `tar -czf` writes it, and
-# canonically (`contextctl bundle pack`, what `contextctl workload upload`
-# sends).
+# 1 MiB of text; (c) 9,800 x 1.5 KiB files in 110 directories, created in
+# shuffled order (so GNU tar lists each directory shuffled; issue 37).
+# Each is archived twice: as GNU `tar -czf` writes it, and canonically
+# (`contextctl bundle pack`, what `contextctl workload upload` sends).
 #
 # 1. inspect: `contextctl bundle inspect FILE` vs `gzip -dc FILE | tar -t`
 #    (target >= 2.0x on both inputs).
 # 2. upload: `curl -T FILE` PUT until `201` (release service, data dir on
 #    tmpfs) vs `tar -xzf FILE` into a fresh tmpfs directory (target >= 1.0x
 #    for the GNU archive, >= 2.0x for the canonical one).
-# 3. physical limits on the same bytes: zlib-rs inflate alone, sha256 alone,
+# 3. CPU (user + sys of whole processes, getrusage, median of CPU_RUNS,
+#    default 15, interleaved) on (a) and (c): `contextctl bundle inspect`
+#    vs `gzip -dc | tar -t` (target >= 2.0x), and the upload's work in one
+#    process, `contextctl bundle inspect --bundle-digest` (validate,
+#    canonicalise, recompress, as the service does) vs `tar -xzf` into a
+#    fresh tmpfs directory (target >= 2.0x). BASE_BIN=path/contextctl adds
+#    that build's figures in the same interleaved runs (a before/after).
+# 4. physical limits on the same bytes: zlib-rs inflate alone, sha256 alone,
 #    loopback TCP copy (benches/bundle.rs).
 # Ratios are GNU time / our time (> 1: we are faster). The 1-minute load
 # average is printed beside each figure: on a busy machine the figures are
@@ -25,6 +33,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 RUNS="${RUNS:-5}"
+CPU_RUNS="${CPU_RUNS:-15}"
 # A free port unless told: a fixed one may be another service's.
 PORT="${CS_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
 
@@ -86,8 +95,19 @@ for i in range(4):
     with open(os.path.join(b, f"part{i}.bin"), "wb") as f:
         for j in range(64):
             f.write(rng.randbytes(mib) if j % 2 == 0 else text(mib))
+# (c) 9,800 x 1.5 KiB files in 110 directories, created in shuffled order.
+c = os.path.join(work, "src-c")
+order = list(range(9800))
+rng.shuffle(order)
+for i in order:
+    d = os.path.join(c, f"d{i % 110:03}")
+    os.makedirs(d, exist_ok=True)
+    data = bytearray(text(1536))
+    data[:8] = rng.randbytes(8)
+    with open(os.path.join(d, f"f{i:05}.txt"), "wb") as f:
+        f.write(data)
 PY
-for x in a b; do
+for x in a b c; do
   tar -czf "$work/$x.gnu.tar.gz" -C "$work/src-$x" .
   "$target/contextctl" bundle pack "$work/src-$x" -f "$work/$x.canonical.tar.gz" >/dev/null
 done
@@ -122,10 +142,10 @@ else
   : >"$work/limits.jsonl"
 fi
 
-python3 - "$work" "$target" "$URL" "$TOKEN" "$RUNS" "$scratch_root" <<'PY'
-import json, os, shutil, statistics, subprocess, sys, tempfile, time
-work, target, url, token, runs, scratch = sys.argv[1:7]
-runs = int(runs)
+python3 - "$work" "$target" "$URL" "$TOKEN" "$RUNS" "$scratch_root" "$CPU_RUNS" "${BASE_BIN:-}" <<'PY'
+import json, os, resource, shutil, statistics, subprocess, sys, tempfile, time
+work, target, url, token, runs, scratch, cpu_runs, base = sys.argv[1:9]
+runs, cpu_runs = int(runs), int(cpu_runs)
 ctl = os.path.join(target, "contextctl")
 
 def load():
@@ -165,6 +185,7 @@ def pair(ours, gnu, setup=None):
 inputs = [
     ("a: 9,800 x 1 KiB", "a"),
     ("b: 4 x 64 MiB mixed", "b"),
+    ("c: 9,800 x 1.5 KiB", "c"),
 ]
 fresh = lambda: tempfile.mkdtemp(prefix="x.", dir=work)
 head = f"{'input':<22}{'archive':<11}{'MB':>7}{'ours s':>9}{'GNU s':>9}{'ours MB/s':>11}{'GNU MB/s':>10}{'ratio':>7}{'target':>8}{'load':>6}"
@@ -196,6 +217,52 @@ for name, x in inputs:
         ours, gnu, ld = pair(lambda d: put(path),
                              lambda d: run(f"tar -xzf '{path}' -C '{d}'"), setup=fresh)
         row(name, kind, mb, ours, gnu, target_ratio, ld)
+
+def cpu(cmd):
+    """CPU seconds (user + sys, every thread and child) of one whole run."""
+    t = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (u.ru_utime - t.ru_utime) + (u.ru_stime - t.ru_stime)
+
+def cpu_rows(title, cases, gnu_cmd, gnu_dir):
+    """Median CPU of ours (and BASE_BIN's) and GNU's, interleaved."""
+    print()
+    print(title)
+    print(f"{'input':<38}{'MB':>6}{'ours ms':>9}" + (f"{'base ms':>9}" if base else "")
+          + f"{'GNU ms':>8}{'ratio':>7}" + (f"{'base':>6}" if base else "") + f"{'target':>8}{'load':>6}")
+    for name, path, args in cases:
+        mb = inflated(path) / 1e6
+        sides = [[ctl]] + ([[base]] if base else [])
+        times = [[] for _ in sides] + [[]]
+        loads = []
+        for _ in range(cpu_runs):
+            for i, bin_ in enumerate(sides):
+                times[i].append(cpu(bin_ + args(path)))
+            d = tempfile.mkdtemp(prefix="x.", dir=work) if gnu_dir else None
+            times[-1].append(cpu(["sh", "-c", gnu_cmd(path, d)]))
+            if d:
+                shutil.rmtree(d)
+            loads.append(load())
+        med = [statistics.median(t) * 1e3 for t in times]
+        gnu = med[-1]
+        ratio = gnu / med[0]
+        line = f"{name:<38}{mb:>6.1f}{med[0]:>9.1f}" + (f"{med[1]:>9.1f}" if base else "")
+        line += f"{gnu:>8.1f}{ratio:>7.2f}" + (f"{gnu / med[1]:>6.2f}" if base else "")
+        line += f"{'>= 2.0':>8}{statistics.median(loads):>6.1f}  {'ok' if ratio >= 2.0 else 'MISS'}"
+        print(line)
+
+cpu_inputs = [(f"{name} {kind}", os.path.join(work, f"{x}.{kind}.tar.gz"))
+              for name, x in (("a: 9,800 x 1 KiB", "a"), ("c: 9,800 x 1.5 KiB shuffled", "c"))
+              for kind in ("gnu", "canonical")]
+cpu_rows(f"== CPU of inspect: `contextctl bundle inspect FILE` vs `gzip -dc FILE | tar -t` "
+         f"(user+sys, median of {cpu_runs}, interleaved) ==",
+         [(n, p, lambda p: ["bundle", "inspect", p]) for n, p in cpu_inputs],
+         lambda p, d: f"gzip -dc '{p}' | tar -t", False)
+cpu_rows(f"== CPU of the upload's work: `contextctl bundle inspect --bundle-digest FILE` vs "
+         f"`tar -xzf FILE` into a fresh {scratch} dir (user+sys, median of {cpu_runs}, interleaved) ==",
+         [(n, p, lambda p: ["bundle", "inspect", "--bundle-digest", p]) for n, p in cpu_inputs],
+         lambda p, d: f"tar -xzf '{p}' -C '{d}'", True)
 
 print()
 print("== physical limits on the GNU archives (one core, MB/s of inflated bytes, median of 5) ==")

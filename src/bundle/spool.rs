@@ -139,21 +139,82 @@ impl Spool {
             file,
             index: self.index,
             len: self.len,
-            cache: RefCell::new(BlockCache {
-                block: None,
-                raw: vec![0; BLOCK],
-                packed: Vec::new(),
-            }),
+            cache: RefCell::new(BlockCache::default()),
         })
     }
 }
 
-/// The last block read, decompressed: readers of neighbouring small files
-/// share it.
+/// Decompressed blocks kept for readers, at most this many (1 MiB).
+/// The canonical archive reads files in sorted order, not spool order:
+/// the files of one directory of a `tar -czf` archive sit together in the
+/// spool but in the order the directory listed them, so a reader of the
+/// sorted tree hops among a few neighbouring blocks. With one block kept,
+/// every hop decompressed a whole block for one small file (70 % of an
+/// inspection of 9,800 files of 1.5 KiB).
+const CACHED_BLOCKS: usize = 32;
+
+/// One decompressed block.
+struct Slot {
+    block: usize,
+    /// When it was last read, in reads of the cache: the least recent is
+    /// evicted.
+    used: u64,
+    raw: Box<[u8]>,
+}
+
+/// The least recently used decompressed blocks (at most
+/// [`CACHED_BLOCKS`], allocated as needed).
+#[derive(Default)]
 struct BlockCache {
-    block: Option<usize>,
-    raw: Vec<u8>,
+    slots: Vec<Slot>,
+    /// The slot read last: the next read is usually in the same block.
+    last: usize,
+    clock: u64,
+    /// Compressed bytes of the block being loaded, reused.
     packed: Vec<u8>,
+    /// Blocks decompressed (or read) from the file so far.
+    #[cfg(test)]
+    loads: u64,
+}
+
+impl BlockCache {
+    /// The slot holding `block`, if any, marked as just used.
+    fn find(&mut self, block: usize) -> Option<usize> {
+        self.clock += 1;
+        let i = if self.slots.get(self.last).is_some_and(|s| s.block == block) {
+            self.last
+        } else {
+            self.slots.iter().position(|s| s.block == block)?
+        };
+        self.slots[i].used = self.clock;
+        self.last = i;
+        Some(i)
+    }
+
+    /// A slot to load a block into: a new one while there is room, else
+    /// the least recently used. Marked as holding nothing until loaded.
+    fn victim(&mut self) -> usize {
+        let i = if self.slots.len() < CACHED_BLOCKS {
+            self.slots.push(Slot {
+                block: usize::MAX,
+                used: 0,
+                raw: vec![0; BLOCK].into_boxed_slice(),
+            });
+            self.slots.len() - 1
+        } else {
+            let mut oldest = 0;
+            for (i, s) in self.slots.iter().enumerate() {
+                if s.used < self.slots[oldest].used {
+                    oldest = i;
+                }
+            }
+            oldest
+        };
+        self.slots[i].block = usize::MAX;
+        self.slots[i].used = self.clock;
+        self.last = i;
+        i
+    }
 }
 
 /// A finished spool, read by offset.
@@ -172,27 +233,36 @@ impl SpoolFile {
         let at = (pos % BLOCK as u64) as usize;
         let block_len = (self.len - block as u64 * BLOCK as u64).min(BLOCK as u64) as usize;
         let mut cache = self.cache.borrow_mut();
-        if cache.block != Some(block) {
-            let r = *self
-                .index
-                .get(block)
-                .ok_or_else(|| io::Error::other("read past the end of the spool"))?;
-            cache.block = None;
-            let BlockCache { raw, packed, .. } = &mut *cache;
-            if r.compressed {
-                packed.resize(r.stored as usize, 0);
-                self.file.read_exact_at(packed, r.offset)?;
-                let n = lz4::decompress_into(packed, &mut raw[..]).map_err(io::Error::other)?;
-                if n != block_len {
-                    return Err(io::Error::other("a spool block decompressed short"));
+        let slot = match cache.find(block) {
+            Some(i) => i,
+            None => {
+                let r = *self
+                    .index
+                    .get(block)
+                    .ok_or_else(|| io::Error::other("read past the end of the spool"))?;
+                let i = cache.victim();
+                let BlockCache { slots, packed, .. } = &mut *cache;
+                let raw = &mut slots[i].raw;
+                if r.compressed {
+                    packed.resize(r.stored as usize, 0);
+                    self.file.read_exact_at(packed, r.offset)?;
+                    let n = lz4::decompress_into(packed, raw).map_err(io::Error::other)?;
+                    if n != block_len {
+                        return Err(io::Error::other("a spool block decompressed short"));
+                    }
+                } else {
+                    self.file.read_exact_at(&mut raw[..block_len], r.offset)?;
                 }
-            } else {
-                self.file.read_exact_at(&mut raw[..block_len], r.offset)?;
+                slots[i].block = block;
+                #[cfg(test)]
+                {
+                    cache.loads += 1;
+                }
+                i
             }
-            cache.block = Some(block);
-        }
+        };
         let n = buf.len().min(block_len - at);
-        buf[..n].copy_from_slice(&cache.raw[at..at + n]);
+        buf[..n].copy_from_slice(&cache.slots[slot].raw[at..at + n]);
         Ok(n)
     }
 }
@@ -257,6 +327,95 @@ mod tests {
             assert_eq!(read(&file, at[i], pieces[i].len() as u64), pieces[i], "{i}");
         }
         assert_eq!(read(&file, at[1] + 40_000, 10), &noise[40_000..40_010]);
+    }
+
+    /// Pieces of `size` bytes, mixed compressible and incompressible,
+    /// spooled back to back: the file and each piece's offset.
+    fn small_pieces(count: usize, size: usize) -> (SpoolFile, Vec<(u64, Vec<u8>)>) {
+        let mut spool = Spool::new(None, Charge::default()).unwrap();
+        let noise = noise(count * size);
+        let mut pieces = Vec::new();
+        for i in 0..count {
+            let piece = if i % 3 == 0 {
+                noise[i * size..(i + 1) * size].to_vec()
+            } else {
+                let mut text = b"agents read context files; ".repeat(size / 27 + 1);
+                text.truncate(size);
+                text[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                text
+            };
+            pieces.push((spool.len(), piece.clone()));
+            spool.append(&piece).unwrap();
+        }
+        (spool.finish().unwrap(), pieces)
+    }
+
+    /// A deterministic shuffle of `0..n`.
+    fn shuffled(n: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in (1..n).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        order
+    }
+
+    fn loads(file: &SpoolFile) -> u64 {
+        file.cache.borrow().loads
+    }
+
+    #[test]
+    fn small_files_in_random_order_load_each_block_once() {
+        // 1.5 KiB pieces over 20 blocks, many straddling a block edge.
+        let (file, pieces) = small_pieces(20 * BLOCK / 1536, 1536);
+        for i in shuffled(pieces.len()) {
+            let (at, piece) = &pieces[i];
+            assert_eq!(&read(&file, *at, piece.len() as u64), piece, "{i}");
+        }
+        assert_eq!(loads(&file), file.index.len() as u64);
+        assert_eq!(file.index.len(), 20);
+    }
+
+    #[test]
+    fn random_reads_past_the_cache_evict_and_still_read_back() {
+        let blocks = 3 * CACHED_BLOCKS;
+        let (file, pieces) = small_pieces(blocks * BLOCK / 1000, 1000);
+        for _ in 0..2 {
+            for i in shuffled(pieces.len()) {
+                let (at, piece) = &pieces[i];
+                assert_eq!(&read(&file, *at, piece.len() as u64), piece, "{i}");
+            }
+        }
+        assert!(file.cache.borrow().slots.len() <= CACHED_BLOCKS);
+        // Ranges across many blocks, from and to the middle of one.
+        let all: Vec<u8> = pieces.iter().flat_map(|(_, p)| p.clone()).collect();
+        let (from, to) = (BLOCK / 2 + 3, 2 * CACHED_BLOCKS * BLOCK + 5);
+        assert_eq!(read(&file, from as u64, (to - from) as u64), &all[from..to]);
+    }
+
+    #[test]
+    fn the_least_recently_used_block_is_evicted() {
+        let (file, _) = small_pieces((CACHED_BLOCKS + 2) * BLOCK / 1024, 1024);
+        let touch = |block: usize| read(&file, (block * BLOCK) as u64, 1);
+        for b in 0..CACHED_BLOCKS {
+            touch(b);
+        }
+        assert_eq!(loads(&file), CACHED_BLOCKS as u64);
+        // Block 0 is used again, so block 1 is now the oldest.
+        touch(0);
+        touch(CACHED_BLOCKS);
+        assert_eq!(loads(&file), CACHED_BLOCKS as u64 + 1);
+        touch(0);
+        assert_eq!(loads(&file), CACHED_BLOCKS as u64 + 1, "block 0 was kept");
+        touch(1);
+        assert_eq!(
+            loads(&file),
+            CACHED_BLOCKS as u64 + 2,
+            "block 1 was evicted"
+        );
     }
 
     #[test]
