@@ -1,4 +1,4 @@
-.PHONY: e2e s3 test-postgres
+.PHONY: e2e s3 soak soak-short test-postgres
 
 # The API tests again with every test server keeping its metadata on
 # PostgreSQL (a throwaway cluster per test process, a database per server;
@@ -15,3 +15,14 @@ e2e:
 # module proxy (see tests/scale/seaweedfs.sh).
 s3:
 	tests/scale/run-s3.sh
+
+# The soak with faults on the scale-out stack (benches/soak.sh; figures in
+# docs/benchmarks.md): 50 users for 10 minutes, release build.
+soak:
+	benches/soak.sh
+
+# CI's short soak: the soak's own unit tests, then 16 users for 3 minutes
+# on the dev build the tests already made, every fault included.
+soak-short:
+	cargo test --locked -p context-service-soak
+	benches/soak.sh --debug --users 16 --duration 3m
