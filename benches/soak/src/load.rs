@@ -371,7 +371,7 @@ async fn lifecycle(user: &mut GooseUser) -> TransactionResult {
     let name = unique("w");
     let created = create_workload(user, &token, &name).await?;
     let Some(mut grant) = created else {
-        return abandon(user, owner, &token, &name, None).await;
+        return Ok(());
     };
     let size = upload_size();
     let body = tokio::task::spawn_blocking({
@@ -453,39 +453,52 @@ struct Grant {
     token: String,
 }
 
-/// `POST /v1/workloads`; the grant, or `None` when it failed.
+/// `POST /v1/workloads`; the grant, or `None` when it failed (nothing
+/// was created then).
 async fn create_workload(
     user: &mut GooseUser,
     token: &str,
     name: &str,
 ) -> Result<Option<Grant>, Box<TransactionError>> {
-    let spec = Spec::new(
-        "create",
-        Target::Balancer,
-        GooseMethod::Post,
-        "/v1/workloads".to_owned(),
-        token,
-    )
-    .json(json!({ "name": name }));
-    let mut a = step(user, &spec, false, |a, _| a.is(201)).await?;
-    if a.transport() {
-        // The create may have happened: a fresh grant tells.
-        return fresh_grant(user, token, name).await;
+    let began = Instant::now();
+    loop {
+        let spec = Spec::new(
+            "create",
+            Target::Balancer,
+            GooseMethod::Post,
+            "/v1/workloads".to_owned(),
+            token,
+        )
+        .json(json!({ "name": name }));
+        let a = step(user, &spec, false, |a, _| a.is(201)).await?;
+        if a.is(201) {
+            return Ok(grant_of(&a));
+        }
+        if !a.transport() || began.elapsed() > RETRY_BUDGET {
+            return Ok(None);
+        }
+        // The create may have happened before the connection broke: a
+        // fresh grant tells (`404`: it did not, so create again).
+        match fresh_grant(user, token, name, true).await? {
+            Regrant::Grant(g) => return Ok(Some(g)),
+            Regrant::Absent => continue,
+            Regrant::Failed => return Ok(None),
+        }
     }
-    if !a.is(201) {
-        return Ok(None);
-    }
-    let json = std::mem::take(&mut a.json);
-    Ok(Some(Grant {
-        url: json["upload"]["url"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        token: json["upload"]["token"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-    }))
+}
+
+/// The grant in a `201` answer (`upload: {url, token}`).
+fn grant_of(a: &Answer) -> Option<Grant> {
+    let (url, token) = (a.str("/upload/url"), a.str("/upload/token"));
+    (!url.is_empty() && !token.is_empty()).then_some(Grant { url, token })
+}
+
+/// What asking for a fresh grant gave.
+enum Regrant {
+    Grant(Grant),
+    /// `404 workload_not_found` (expected only when `absent_ok`).
+    Absent,
+    Failed,
 }
 
 /// `POST /v1/workloads/{name}/uploads`.
@@ -493,25 +506,21 @@ async fn fresh_grant(
     user: &mut GooseUser,
     token: &str,
     name: &str,
-) -> Result<Option<Grant>, Box<TransactionError>> {
+    absent_ok: bool,
+) -> Result<Regrant, Box<TransactionError>> {
     let url = format!("/v1/workloads/{name}/uploads");
     let spec = Spec::new("grant", Target::Balancer, GooseMethod::Post, url, token);
-    let a = step(user, &spec, true, |a, _| a.is(201)).await?;
-    if !a.is(201) {
-        return Ok(None);
+    let a = step(user, &spec, true, |a, _| {
+        a.is(201) || (absent_ok && a.is(404) && a.error() == Some("workload_not_found"))
+    })
+    .await?;
+    if a.is(201) {
+        return Ok(grant_of(&a).map_or(Regrant::Failed, Regrant::Grant));
     }
-    let pick = |k: &str| {
-        let v = a.str(&format!("/upload/{k}"));
-        if v.is_empty() {
-            a.str(&format!("/{k}"))
-        } else {
-            v
-        }
-    };
-    Ok(Some(Grant {
-        url: pick("url"),
-        token: pick("token"),
-    }))
+    if absent_ok && a.is(404) {
+        return Ok(Regrant::Absent);
+    }
+    Ok(Regrant::Failed)
 }
 
 /// Uploads `body` with `grant` (a fresh one after a broken connection,
@@ -546,9 +555,9 @@ async fn upload(
         if !regrant || began.elapsed() > RETRY_BUDGET {
             return Ok(None);
         }
-        match fresh_grant(user, token, name).await? {
-            Some(g) => *grant = g,
-            None => return Ok(None),
+        match fresh_grant(user, token, name, false).await? {
+            Regrant::Grant(g) => *grant = g,
+            _ => return Ok(None),
         }
     }
 }
@@ -668,7 +677,7 @@ async fn delivery(user: &mut GooseUser) -> TransactionResult {
         None => {
             let name = unique("dw");
             let Some(mut grant) = create_workload(user, &token, &name).await? else {
-                return abandon(user, owner, &token, &name, None).await;
+                return Ok(());
             };
             let body = bundle(&name, 4096);
             let Some((revision, _, _)) = upload(user, &token, &name, &mut grant, body).await?
@@ -837,7 +846,7 @@ async fn hostile(user: &mut GooseUser) -> TransactionResult {
     let (_, body, media) = &bodies[rand::random_range(0..bodies.len())];
     let name = unique("h");
     let Some(grant) = create_workload(user, &token, &name).await? else {
-        return abandon(user, owner, &token, &name, None).await;
+        return Ok(());
     };
     let mut spec = Spec::new(
         "hostile-upload",

@@ -292,3 +292,18 @@ async fn soak(args: &Args, work: &Path, stack: Arc<Stack>) -> anyhow::Result<boo
     }
     Ok(ok)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_are_seconds_or_minutes() {
+        assert_eq!(parse_duration("180s"), Some(Duration::from_secs(180)));
+        assert_eq!(parse_duration("90"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Some(Duration::from_secs(600)));
+        assert_eq!(parse_duration("10h"), None);
+        assert_eq!(parse_duration("m"), None);
+    }
+}

@@ -197,6 +197,17 @@ impl Run<'_> {
             );
         }
 
+        let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
+        for e in self
+            .entries
+            .iter()
+            .filter(|e| e.op == "hostile-upload" && e.expected)
+        {
+            *refusals.entry(e.outcome.label()).or_default() += 1;
+        }
+        let refusals: Vec<String> = refusals.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        let _ = writeln!(s, "hostile uploads refused: {}", refusals.join(", "));
+
         let faults: Vec<String> = self
             .faults
             .iter()
@@ -362,5 +373,193 @@ impl Run<'_> {
             );
         }
         (s, ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    fn entry(op: &'static str, target: Target, at: u64, outcome: Outcome, expected: bool) -> Entry {
+        Entry {
+            op,
+            target,
+            start: secs(at),
+            end: secs(at) + Duration::from_millis(200),
+            outcome,
+            expected,
+        }
+    }
+
+    fn status(code: u16, error: &str, retry_after: bool) -> Outcome {
+        Outcome::Status {
+            code,
+            error: Some(error.to_owned()),
+            retry_after,
+        }
+    }
+
+    fn faults() -> Vec<FaultWindow> {
+        vec![
+            FaultWindow {
+                name: "kill-A",
+                start: secs(100),
+                end: secs(105),
+            },
+            FaultWindow {
+                name: "pg-restart",
+                start: secs(200),
+                end: secs(202),
+            },
+        ]
+    }
+
+    fn flat_rss() -> Vec<RssSample> {
+        (0..40)
+            .map(|i| RssSample {
+                at: secs(i * 10),
+                replica: "B",
+                pid: 7,
+                kib: 100_000 + i,
+            })
+            .collect()
+    }
+
+    fn run<'a>(
+        entries: &'a [Entry],
+        faults: &'a [FaultWindow],
+        rss: &'a [RssSample],
+        stores: &'a StoreFacts,
+    ) -> Run<'a> {
+        Run {
+            users: 2,
+            duration: secs(400),
+            settle: secs(15),
+            entries,
+            faults,
+            uploads: &[],
+            rss,
+            stores,
+        }
+    }
+
+    #[test]
+    fn phases_follow_the_fault_windows_and_their_settle_time() {
+        let (faults, stores, rss) = (faults(), StoreFacts::default(), flat_rss());
+        let r = run(&[], &faults, &rss, &stores);
+        let at = |s| entry("read", Target::Balancer, s, status(200, "", false), true);
+        assert_eq!(r.phase(&at(50)), "before");
+        assert_eq!(r.phase(&at(100)), "kill-A");
+        assert_eq!(r.phase(&at(119)), "kill-A");
+        assert_eq!(r.phase(&at(121)), "after");
+        assert_eq!(r.phase(&at(201)), "pg-restart");
+        assert_eq!(r.phase(&at(300)), "after");
+    }
+
+    #[test]
+    fn only_documented_answers_pass_during_a_fault_and_none_outside() {
+        let (faults, stores, rss) = (faults(), StoreFacts::default(), flat_rss());
+        let r = run(&[], &faults, &rss, &stores);
+        let retry = status(503, "database_unavailable", true);
+        // 503 + Retry-After: documented during a fault, not outside one.
+        assert!(
+            r.verdict(&entry(
+                "create",
+                Target::Balancer,
+                201,
+                retry.clone(),
+                false
+            )) == Verdict::Documented
+        );
+        assert!(
+            r.verdict(&entry("create", Target::Balancer, 300, retry, false)) == Verdict::Violation
+        );
+        // 503 without Retry-After: never documented.
+        let bare = status(503, "database_unavailable", false);
+        assert!(
+            r.verdict(&entry("create", Target::Balancer, 201, bare, false)) == Verdict::Violation
+        );
+        // A broken connection: documented while A is down, for requests
+        // that may have reached A, never for B.
+        let reset = Outcome::Transport("reset");
+        assert!(
+            r.verdict(&entry(
+                "upload",
+                Target::Balancer,
+                101,
+                reset.clone(),
+                false
+            )) == Verdict::Documented
+        );
+        assert!(
+            r.verdict(&entry("deliver", Target::A, 101, reset.clone(), false))
+                == Verdict::Documented
+        );
+        assert!(
+            r.verdict(&entry("deliver", Target::B, 101, reset.clone(), false))
+                == Verdict::Violation
+        );
+        assert!(
+            r.verdict(&entry("upload", Target::Balancer, 201, reset, false)) == Verdict::Violation
+        );
+        // Back-pressure anywhere; a digest mismatch never.
+        let busy = status(429, "too_many_uploads", true);
+        assert!(
+            r.verdict(&entry("upload", Target::Balancer, 300, busy, false)) == Verdict::Throttled
+        );
+        let bad = Outcome::DigestMismatch;
+        assert!(r.verdict(&entry("read", Target::Balancer, 101, bad, false)) == Verdict::Violation);
+    }
+
+    #[test]
+    fn the_summary_fails_on_a_steady_error_a_missing_blob_or_a_growing_rss() {
+        let (faults, rss) = (faults(), flat_rss());
+        let clean = StoreFacts::default();
+        let ok = [entry(
+            "read",
+            Target::Balancer,
+            300,
+            status(200, "", false),
+            true,
+        )];
+        let (text, pass) = run(&ok, &faults, &rss, &clean).summary();
+        assert!(pass, "{text}");
+
+        let err = [entry(
+            "read",
+            Target::Balancer,
+            300,
+            status(500, "internal", false),
+            false,
+        )];
+        let (text, pass) = run(&err, &faults, &rss, &clean).summary();
+        assert!(!pass, "{text}");
+        assert!(
+            text.contains("[FAIL] no error outside the faults: 1"),
+            "{text}"
+        );
+
+        let missing = StoreFacts {
+            missing: vec!["ab".repeat(32)],
+            ..StoreFacts::default()
+        };
+        let (text, pass) = run(&ok, &faults, &rss, &missing).summary();
+        assert!(!pass, "{text}");
+
+        let growing: Vec<RssSample> = (0..40)
+            .map(|i| RssSample {
+                at: secs(i * 10),
+                replica: "B",
+                pid: 7,
+                kib: 100_000 + i * 10_000,
+            })
+            .collect();
+        let (text, pass) = run(&ok, &faults, &growing, &clean).summary();
+        assert!(!pass, "{text}");
+        assert!(text.contains("[FAIL] RSS flat"), "{text}");
     }
 }
