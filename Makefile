@@ -24,5 +24,5 @@ soak:
 # CI's short soak: the soak's own unit tests, then 16 users for 3 minutes
 # on the dev build the tests already made, every fault included.
 soak-short:
-	cargo test --locked -p context-service-soak
+	cargo test --locked --manifest-path benches/soak/Cargo.toml --target-dir "$${CARGO_TARGET_DIR:-target}"
 	benches/soak.sh --debug --users 16 --duration 3m

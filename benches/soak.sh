@@ -20,8 +20,11 @@ if [ "${1:-}" = "--debug" ]; then
 	profile=debug
 	shift
 fi
-flags=(--locked -p context-service --bins -p context-service-soak)
+flags=(--locked)
 [ "$profile" = release ] && flags+=(--release)
-cargo build "${flags[@]}"
-target=${CARGO_TARGET_DIR:-target}
+target=${CARGO_TARGET_DIR:-$PWD/target}
+cargo build "${flags[@]}" --bins
+# The soak is a workspace of its own (benches/soak/Cargo.toml); built into
+# the same target dir, beside the binaries it runs.
+cargo build "${flags[@]}" --manifest-path benches/soak/Cargo.toml --target-dir "$target"
 exec "$target/$profile/context-service-soak" --bin-dir "$target/$profile" --repo "$PWD" "$@"
