@@ -244,7 +244,6 @@ async fn soak(args: &Args, work: &Path, stack: Arc<Stack>) -> anyhow::Result<boo
         .set_default(GooseDefault::Timeout, "180")?
         .set_default(GooseDefault::NoGzip, true)?
         .set_default(GooseDefault::NoTelnet, true)?
-        .set_default(GooseDefault::NoWebSocket, true)?
         .set_default(GooseDefault::NoPrintMetrics, true)?
         .set_default(
             GooseDefault::ReportFile,

@@ -34,6 +34,12 @@ impl Stack {
             "CONTEXT_SERVICE_SEAWEEDFS_STATE".to_owned(),
             work.join("seaweedfs").display().to_string(),
         );
+        // Deleted objects free their volume space only when SeaweedFS
+        // vacuums: ten minutes of uploads fill its default 5 x 64 MiB.
+        env.insert(
+            "CONTEXT_SERVICE_SEAWEEDFS_VOLUMES".to_owned(),
+            "100".to_owned(),
+        );
         let mut stack = Self {
             repo: repo.to_owned(),
             env,
