@@ -192,7 +192,7 @@ async fn send(user: &mut GooseUser, spec: &Spec<'_>) -> Result<Answer, Box<Trans
         rb = rb.header("content-type", *media).body(body.clone());
     }
     let request = GooseRequest::builder()
-        .method(spec.method.clone())
+        .method(spec.method)
         .path(spec.url.as_str())
         .name(spec.op)
         .set_request_builder(rb)
