@@ -1,4 +1,4 @@
-.PHONY: e2e oci s3 test-postgres
+.PHONY: e2e oci s3 soak soak-short test-postgres
 
 # The API tests again with every test server keeping its metadata on
 # PostgreSQL (a throwaway cluster per test process, a database per server;
@@ -23,3 +23,14 @@ s3:
 oci:
 	tests/oci/tools.sh build
 	CI=1 cargo test --locked --test api registry:: -- --nocapture
+
+# The soak with faults on the scale-out stack (benches/soak.sh; figures in
+# docs/benchmarks.md): 50 users for 10 minutes, release build.
+soak:
+	benches/soak.sh
+
+# CI's short soak: the soak's own unit tests, then 16 users for 3 minutes
+# on the dev build the tests already made, every fault included.
+soak-short:
+	cargo test --locked --manifest-path benches/soak/Cargo.toml --target-dir "$${CARGO_TARGET_DIR:-target}"
+	benches/soak.sh --debug --users 16 --duration 3m

@@ -6,6 +6,8 @@
 #
 #   tests/scale/postgres.sh up      initdb + start on a free port (idempotent)
 #   tests/scale/postgres.sh url     postgres://cs@127.0.0.1:<port>/cs
+#   tests/scale/postgres.sh restart a fast restart on the same port (every
+#                                   connection dropped; the soak's fault)
 #   tests/scale/postgres.sh down    stop it and remove its state dir
 #
 # State dir: CONTEXT_SERVICE_POSTGRES_STATE (default /tmp/cs-postgres-$UID).
@@ -52,6 +54,11 @@ case "${1:-}" in
   url)
     echo "postgres://cs@127.0.0.1:$(cat "$STATE/port")/cs"
     ;;
+  restart)
+    [ -f "$STATE/port" ] || { echo "postgres.sh: not up (run '$0 up')" >&2; exit 1; }
+    # pg_ctl restart reuses the running server's options (port, socket dir).
+    as_server "$(bin_dir)/pg_ctl" -D "$STATE/data" -l "$STATE/log" -m fast -w -t 60 restart >/dev/null
+    ;;
   down)
     if [ -d "$STATE/data" ]; then
       as_server "$(bin_dir)/pg_ctl" -D "$STATE/data" -m fast -w stop >/dev/null 2>&1 || true
@@ -59,7 +66,7 @@ case "${1:-}" in
     rm -rf "$STATE"
     ;;
   *)
-    echo "usage: $0 up|url|down" >&2
+    echo "usage: $0 up|url|restart|down" >&2
     exit 2
     ;;
 esac

@@ -11,7 +11,10 @@
 #   tests/scale/seaweedfs.sh env     print the AWS_* / CONTEXT_SERVICE_TEST_S3_* exports
 #
 # Everything binds to 127.0.0.1 on free ports picked at `up` (or
-# CONTEXT_SERVICE_SEAWEEDFS_S3_PORT for the S3 port). The binary lives in a
+# CONTEXT_SERVICE_SEAWEEDFS_S3_PORT for the S3 port). It holds
+# CONTEXT_SERVICE_SEAWEEDFS_VOLUMES (default 5) volumes of 64 MiB: deleted
+# objects free their space only when a volume is vacuumed, so a long
+# workload (the soak) needs more. The binary lives in a
 # cache outside the repo, keyed by version; pid, log, data and credentials in
 # a state dir outside the repo. The S3 gateway requires signed requests: the
 # credentials are generated at `up` and written to the state dir.
@@ -170,7 +173,7 @@ cmd_up() {
 	setsid "$BIN/weed" server -dir="$STATE/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
 		-master.port="$master" -volume.port="$volume" -filer.port="$filer" \
 		-s3 -s3.port="$s3" -s3.config="$STATE/s3.json" -s3.port.iceberg=0 -s3.port.lance=0 \
-		-volume.max=5 -master.resumeState=false \
+		-volume.max="${CONTEXT_SERVICE_SEAWEEDFS_VOLUMES:-5}" -master.resumeState=false \
 		-master.volumeSizeLimitMB=64 \
 		>>"$LOGFILE" 2>&1 </dev/null &
 	echo $! >"$PIDFILE"
