@@ -4,6 +4,13 @@
 //! bundle engine. The harness reads `NEED n`, writes exactly n bytes and
 //! keeps stdin open until the script exits (kwok never closes exec stdin).
 //!
+//! Every test that runs under both shells runs a third time through the
+//! injected agent (`context-agent`, built by `tests/common/agent.rs`):
+//! the launcher before the script sends it once per sandbox and execs it,
+//! and it must give the same answers; the agent-only cases (injection,
+//! reuse, a tampered or corrupted agent, an unknown arch, a `noexec` root)
+//! follow at the end.
+//!
 //! As root the scripts run as uid 1001 / gid 0 (the shared sandboxes'
 //! user), so read-only bits mean something; the disk-full test needs root
 //! to mount a small tmpfs.
@@ -24,9 +31,12 @@ use context_service::bundle::{
     manifest_of_bundle, pack_dir, CanonicalOptions, Limits, Report, TreeManifest,
 };
 use context_service::delivery::{
-    parse_line, render_deliver, render_release, DeliverRequest, ReleaseRequest, ScriptError,
-    ScriptLine, Verify,
+    parse_line, render_deliver, render_deliver_with_agent, render_release, AgentOffer,
+    DeliverRequest, DeliveredBy, ReleaseRequest, ScriptError, ScriptLine, Verify,
 };
+use sha2::{Digest, Sha256};
+
+use crate::common::agent::agent;
 use rand::{RngCore, SeedableRng};
 
 /// The user the scripts run as when the tests run as root.
@@ -86,6 +96,49 @@ struct Shell {
     path: String,
     /// The applet-link dir for busybox (kept alive here).
     _bin: Option<tempfile::TempDir>,
+    /// The agent offered to deliveries (`None`: the plain script).
+    agent: Option<Offered>,
+}
+
+/// An agent as the gateway offers it: what it sends on `AGENT <arch>`.
+#[derive(Clone)]
+struct Offered {
+    arch: &'static str,
+    bytes: Vec<u8>,
+    sha: String,
+    /// Sends these bytes instead (a transfer that corrupts the agent),
+    /// still announcing `bytes`' digest and size.
+    send_instead: Option<Vec<u8>>,
+}
+
+impl Offered {
+    fn built() -> Offered {
+        let a = agent();
+        Self::of(a.arch, fs::read(&a.binary).expect("read the agent"))
+    }
+
+    fn of(arch: &'static str, bytes: Vec<u8>) -> Offered {
+        Offered {
+            arch,
+            sha: hex::encode(Sha256::digest(&bytes)),
+            bytes,
+            send_instead: None,
+        }
+    }
+
+    fn offer(&self) -> AgentOffer {
+        let mine = Some((self.sha.clone(), self.bytes.len() as u64));
+        match self.arch {
+            "x86_64" => AgentOffer {
+                x86_64: mine,
+                aarch64: None,
+            },
+            _ => AgentOffer {
+                x86_64: None,
+                aarch64: mine,
+            },
+        }
+    }
 }
 
 impl Shell {
@@ -102,7 +155,31 @@ impl Shell {
             sh,
             path: "/usr/local/bin:/usr/bin:/bin".into(),
             _bin: None,
+            agent: None,
         }
+    }
+
+    /// `dash` and the system's tools, with the agent offered: the launcher
+    /// injects it and it delivers.
+    fn agent() -> Shell {
+        Shell {
+            name: "agent",
+            agent: Some(Offered::built()),
+            ..Shell::dash()
+        }
+    }
+
+    /// Like [`Shell::agent`], with `offered` as the agent.
+    fn offering(offered: Offered) -> Shell {
+        Shell {
+            agent: Some(offered),
+            ..Shell::agent()
+        }
+    }
+
+    /// Whether deliveries should come from the agent.
+    fn expects_agent(&self) -> bool {
+        self.agent.is_some()
     }
 
     /// busybox `sh` with a PATH of busybox applet links only.
@@ -149,6 +226,7 @@ impl Shell {
             sh: bin.path().join("sh"),
             path: bin.path().display().to_string(),
             _bin: Some(bin),
+            agent: None,
         }
     }
 }
@@ -306,9 +384,14 @@ fn release_request(
 // ---------------------------------------------------------------------------
 // Driving a script like the gateway
 
-/// What one exec printed and how it ended.
+/// What one exec printed and how it ended. `lines` are the script's
+/// protocol (`NEED`, the result); the launcher's lines are kept apart.
 struct Run {
     lines: Vec<ScriptLine>,
+    /// `TRANSPORT …`, when the launcher ran.
+    transport: Option<DeliveredBy>,
+    /// Whether the launcher asked for the agent (`AGENT <arch>`).
+    agent_sent: bool,
     status: ExitStatus,
     stderr: String,
     elapsed: Duration,
@@ -419,6 +502,7 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
     });
     let mut writer = None;
     let mut lines = Vec::new();
+    let (mut transport, mut agent_sent) = (None, false);
     let mut reader = BufReader::new(stdout);
     loop {
         let mut line = String::new();
@@ -426,6 +510,26 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
             break;
         }
         let parsed = parse_line(&line).unwrap_or_else(|e| panic!("{}: {e}", shell.name));
+        match &parsed {
+            ScriptLine::Transport(by) => {
+                transport = Some(*by);
+                continue;
+            }
+            ScriptLine::Agent(arch) => {
+                let offered = shell
+                    .agent
+                    .as_ref()
+                    .expect("an agent asked for, none offered");
+                assert_eq!(arch, offered.arch);
+                let bytes = offered.send_instead.as_ref().unwrap_or(&offered.bytes);
+                let sink = stdin.as_mut().expect("stdin");
+                sink.write_all(bytes).expect("send the agent");
+                sink.flush().expect("flush");
+                agent_sent = true;
+                continue;
+            }
+            _ => {}
+        }
         if let ScriptLine::Need(n) = parsed {
             if n > 0 {
                 let mut sink = stdin.take().expect("NEED printed twice");
@@ -455,15 +559,38 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
     );
     Run {
         lines,
+        transport,
+        agent_sent,
         status,
         stderr,
         elapsed,
     }
 }
 
+/// What the gateway would run for `req` with this shell's offer.
+fn script_for(shell: &Shell, req: &DeliverRequest) -> String {
+    match &shell.agent {
+        Some(offered) => render_deliver_with_agent(req, &offered.offer()).expect("render"),
+        None => render_deliver(req).expect("render"),
+    }
+}
+
+/// Delivers `req`; with an agent offered, checks the agent delivered.
 fn deliver(shell: &Shell, sb: &Sandbox, req: &DeliverRequest, payload: &[u8]) -> Run {
-    let script = render_deliver(req).expect("render");
-    exec(shell, &script, sb.dir.path(), payload, false)
+    let run = exec(
+        shell,
+        &script_for(shell, req),
+        sb.dir.path(),
+        payload,
+        false,
+    );
+    let want = shell.expects_agent().then_some(DeliveredBy::Agent);
+    assert_eq!(
+        run.transport, want,
+        "{}: transport\n{}",
+        shell.name, run.stderr
+    );
+    run
 }
 
 fn release(shell: &Shell, sb: &Sandbox, req: &ReleaseRequest) -> Run {
@@ -489,7 +616,8 @@ fn tamper(dir: &Path, file: Option<&Path>, f: impl FnOnce()) {
     }
 }
 
-/// Declares `mod NAME { dash, busybox }` tests calling `NAME(&Shell)`.
+/// Declares `mod NAME { dash, busybox, agent }` tests calling
+/// `NAME(&Shell)`.
 macro_rules! both_shells {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -500,6 +628,10 @@ macro_rules! both_shells {
             #[test]
             fn busybox() {
                 super::$name(&super::Shell::busybox());
+            }
+            #[test]
+            fn agent() {
+                super::$name(&super::Shell::agent());
             }
         }
     )*};
@@ -709,7 +841,7 @@ fn short_transfer_is_refused(sh: &Shell) {
     let b = bundle(&[("a.txt", &noise(50_000, 2))]);
     let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
     let cut = &b.bytes[..b.bytes.len() - 10];
-    let run = exec(sh, &render_deliver(&req).unwrap(), sb.dir.path(), cut, true);
+    let run = exec(sh, &script_for(sh, &req), sb.dir.path(), cut, true);
     let (code, reason) = run.error();
     assert_eq!(code, "short_transfer");
     assert_eq!(
@@ -984,15 +1116,10 @@ fn concurrent_deliveries_transfer_once(sh: &Shell) {
     let sb = Sandbox::new();
     let b = bundle(&[("big.bin", &noise(2 << 20, 3)), ("s.txt", b"s")]);
     let script = |i: usize| {
-        render_deliver(&request(
-            &sb,
-            SCOPE_A,
-            "wl",
-            &format!("run-{i}"),
-            &b,
-            Verify::Default,
-        ))
-        .unwrap()
+        script_for(
+            sh,
+            &request(&sb, SCOPE_A, "wl", &format!("run-{i}"), &b, Verify::Default),
+        )
     };
     let scripts: Vec<String> = (0..8).map(script).collect();
     let barrier = Barrier::new(8);
@@ -1037,8 +1164,12 @@ fn disk_full(sh: &Shell) {
     let sb = Sandbox::new();
     let mnt = sb.dir.path().join("small");
     fs::create_dir(&mnt).unwrap();
+    // With an agent, room for it too: it is sent before the first delivery.
+    let agent_kib = sh.agent.as_ref().map_or(0, |a| a.bytes.len() / 1024 + 64);
     let out = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs"])
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size={}k,mode=0755", 2048 + agent_kib))
+        .arg("tmpfs")
         .arg(&mnt)
         .output()
         .expect("run mount");
@@ -1050,8 +1181,18 @@ fn disk_full(sh: &Shell) {
     let _mount = Mount(mnt.clone());
     sb.give_to_sandbox_user(&mnt);
     let root = mnt.join("ctx");
+    if sh.expects_agent() {
+        let tiny = bundle(&[("t", b"t")]);
+        let mut req = request(&sb, SCOPE_A, "wl", "r0", &tiny, Verify::Default);
+        req.root = root.display().to_string();
+        assert!(deliver(sh, &sb, &req, &tiny.bytes).agent_sent);
+        let mut rel = release_request(&sb, SCOPE_A, "wl", "r0", 0);
+        rel.root = req.root.clone();
+        assert!(release(sh, &sb, &rel).released());
+    }
 
-    // 3 MiB of noise cannot fit: refused before a byte is sent.
+    // 3 MiB of noise cannot fit: refused before a byte is sent. The script
+    // keeps the bundle and its tar side by side; the agent only the tree.
     let big = bundle(&[("noise.bin", &noise(3 << 20, 4))]);
     let mut req = request(&sb, SCOPE_A, "wl", "r1", &big, Verify::Default);
     req.root = root.display().to_string();
@@ -1059,10 +1200,12 @@ fn disk_full(sh: &Shell) {
     assert_eq!(run.lines.len(), 1, "no NEED: {:?}", run.lines);
     let (code, reason) = run.error();
     assert_eq!(code, "disk_full");
-    let want = format!(
-        "the delivery needs at least {} bytes, ",
+    let needs = if sh.expects_agent() {
+        big.report.inflated_bytes
+    } else {
         big.report.bundle_bytes + big.report.inflated_bytes
-    );
+    };
+    let want = format!("the delivery needs at least {needs} bytes, ");
     assert!(
         reason.starts_with(&want)
             && reason.ends_with(&format!(" are available under {}", req.root)),
@@ -1199,14 +1342,32 @@ fn killed_mid_transfer(sh: &Shell) {
     let sb = Sandbox::new();
     let b = bundle(&[("big.bin", &noise(1 << 20, 5))]);
     let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
-    let mut child = command(sh, &render_deliver(&req).unwrap(), sb.dir.path())
+    if sh.expects_agent() {
+        // The agent in place first, so the kill hits the agent itself.
+        let warm = request(
+            &sb,
+            SCOPE_A,
+            "wl",
+            "warm",
+            &bundle(&[("w", b"w")]),
+            Verify::Default,
+        );
+        let small = bundle(&[("w", b"w")]);
+        deliver(sh, &sb, &warm, &small.bytes).done();
+    }
+    let mut child = command(sh, &script_for(sh, &req), sb.dir.path())
         .spawn()
         .expect("spawn");
     let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut first = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("read NEED");
+    loop {
+        first.clear();
+        out.read_line(&mut first).expect("read NEED");
+        if !first.starts_with("TRANSPORT ") {
+            break;
+        }
+    }
     assert_eq!(
         parse_line(&first),
         Ok(ScriptLine::Need(b.report.bundle_bytes))
@@ -1214,9 +1375,16 @@ fn killed_mid_transfer(sh: &Shell) {
     stdin
         .write_all(&b.bytes[..b.bytes.len() / 2])
         .expect("write half");
+    // The script keeps the bundle in the staging dir; the agent extracts
+    // as the bytes come (the launcher execs it: the same pid).
     let staging = sb.root.join(format!("cache/.staging.{}", child.id()));
+    let busy = if sh.expects_agent() {
+        staging.join("tree/big.bin")
+    } else {
+        staging.join("bundle.gz")
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !staging.join("bundle.gz").exists() {
+    while !busy.exists() {
         assert!(Instant::now() < deadline, "the staging dir never appeared");
         thread::sleep(Duration::from_millis(10));
     }
@@ -1232,7 +1400,7 @@ fn killed_mid_transfer(sh: &Shell) {
     let run = deliver(sh, &sb, &req, &b.bytes);
     assert!(!run.done().1);
     sb.assert_no_staging();
-    assert_eq!(sb.cache_entries().len(), 1);
+    assert!(sb.cache_dir(SCOPE_A, &b).exists());
 }
 
 fn run_conflict_and_retry(sh: &Shell) {
@@ -1295,8 +1463,7 @@ fn relative_root(sh: &Shell) {
     let odd = sb.dir.path().join("a \"b");
     fs::create_dir(&odd).unwrap();
     sb.give_to_sandbox_user(&odd);
-    let script = render_deliver(&req).expect("render");
-    let run = exec(sh, &script, &odd, &b.bytes, false);
+    let run = exec(sh, &script_for(sh, &req), &odd, &b.bytes, false);
     assert_eq!(
         run.error(),
         (
