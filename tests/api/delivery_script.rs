@@ -1712,3 +1712,315 @@ fn measure_64_mib() {
         full.elapsed
     );
 }
+
+// ---------------------------------------------------------------------------
+// The agent only: injection, reuse, tampering, fallbacks, interplay
+
+/// Where the launcher keeps `offered` in `sb`.
+fn installed(sb: &Sandbox, offered: &Offered) -> PathBuf {
+    sb.root.join("bin").join(&offered.sha).join("context-agent")
+}
+
+#[test]
+fn the_agent_is_injected_once_and_reused() {
+    let sh = Shell::agent();
+    let offered = sh.agent.clone().unwrap();
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", b"a")]);
+    let first = deliver(
+        &sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default),
+        &b.bytes,
+    );
+    assert!(first.agent_sent, "sent on first use");
+    assert!(!first.done().1);
+    let bin = installed(&sb, &offered);
+    let meta = fs::metadata(&bin).expect("the agent is kept");
+    assert_eq!(meta.mode() & 0o7777, 0o555);
+    assert_eq!(fs::read(&bin).unwrap(), offered.bytes);
+    let bin_dir = sb.root.join("bin");
+    assert_eq!(
+        names(&bin_dir),
+        vec![offered.sha.clone()],
+        "no stray upload left"
+    );
+
+    // Later deliveries (a hit, a miss, a release) run the same file.
+    let second = deliver(
+        &sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "r2", &b, Verify::Full),
+        &[],
+    );
+    assert!(!second.agent_sent, "not sent again");
+    assert!(second.done().1);
+    let other = bundle(&[("b.txt", b"b")]);
+    let third = deliver(
+        &sh,
+        &sb,
+        &request(&sb, SCOPE_B, "wl", "r3", &other, Verify::Default),
+        &other.bytes,
+    );
+    assert!(!third.agent_sent);
+    assert!(!third.done().1);
+    let again = fs::metadata(&bin).unwrap();
+    assert_eq!(
+        (again.ino(), again.mtime()),
+        (meta.ino(), meta.mtime()),
+        "the same file"
+    );
+}
+
+#[test]
+fn a_tampered_or_missing_agent_is_sent_again() {
+    let sh = Shell::agent();
+    let offered = sh.agent.clone().unwrap();
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", b"a")]);
+    let mut n = 0;
+    let mut run = || {
+        n += 1;
+        deliver(
+            &sh,
+            &sb,
+            &request(&sb, SCOPE_A, "wl", &format!("r{n}"), &b, Verify::Default),
+            &b.bytes,
+        )
+    };
+    assert!(run().agent_sent);
+    let bin = installed(&sb, &offered);
+    // Same size, one byte changed: only the digest can tell.
+    tamper(bin.parent().unwrap(), Some(&bin), || {
+        let mut bytes = fs::read(&bin).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        fs::write(&bin, &bytes).unwrap();
+    });
+    let r = run();
+    assert!(r.agent_sent, "a tampered agent is replaced\n{}", r.stderr);
+    r.done();
+    assert_eq!(fs::read(&bin).unwrap(), offered.bytes);
+    assert_eq!(fs::metadata(&bin).unwrap().mode() & 0o7777, 0o555);
+    // A missing one, and a symlink in its place, too.
+    tamper(bin.parent().unwrap(), None, || {
+        fs::remove_file(&bin).unwrap()
+    });
+    assert!(run().agent_sent);
+    tamper(bin.parent().unwrap(), None, || {
+        fs::remove_file(&bin).unwrap();
+        symlink(&agent().binary, &bin).unwrap();
+    });
+    assert!(run().agent_sent, "a symlink is not the agent");
+    assert!(!fs::symlink_metadata(&bin).unwrap().file_type().is_symlink());
+    assert!(!run().agent_sent);
+}
+
+/// An agent that arrives damaged is dropped before it is made executable
+/// or run; the script delivers, and the bundle bytes after it are intact.
+#[test]
+fn a_corrupted_agent_transfer_falls_back_to_the_script() {
+    let mut offered = Offered::built();
+    let mut bad = offered.bytes.clone();
+    bad[1000] ^= 0x01;
+    offered.send_instead = Some(bad);
+    let sh = Shell::offering(offered.clone());
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", &noise(10_000, 7))]);
+    let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
+    let run = exec(&sh, &script_for(&sh, &req), sb.dir.path(), &b.bytes, false);
+    assert!(run.agent_sent);
+    assert_eq!(run.transport, Some(DeliveredBy::Script), "{}", run.stderr);
+    assert!(!run.done().1);
+    assert!(
+        run.stderr.contains("the agent did not arrive intact"),
+        "{}",
+        run.stderr
+    );
+    assert!(!installed(&sb, &offered).exists());
+    assert!(names(&sb.root.join("bin")).is_empty(), "nothing kept");
+}
+
+/// `uname -m` names an arch the gateway has no agent for (a fake `uname`
+/// first on PATH): the script delivers, nothing is sent or kept.
+#[test]
+fn an_unknown_arch_falls_back_to_the_script() {
+    let fake = tempfile::tempdir().unwrap();
+    let uname = fake.path().join("uname");
+    fs::write(&uname, "#!/bin/sh\necho riscv64\n").unwrap();
+    fs::set_permissions(&uname, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(fake.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let mut sh = Shell::agent();
+    sh.path = format!("{}:{}", fake.path().display(), sh.path);
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", b"a")]);
+    let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
+    let run = exec(&sh, &script_for(&sh, &req), sb.dir.path(), &b.bytes, false);
+    assert!(!run.agent_sent);
+    assert_eq!(run.transport, Some(DeliveredBy::Script));
+    assert!(!run.done().1);
+    assert!(!sb.root.join("bin").exists());
+}
+
+/// A binary this kernel cannot run (offered for this arch, but not an
+/// executable at all) is kept — it is what the gateway sent — but its
+/// probe fails, so the script delivers, every time, without sending again.
+#[test]
+fn an_agent_that_cannot_run_falls_back_to_the_script() {
+    let offered = Offered::of(agent().arch, noise(4096, 11));
+    let sh = Shell::offering(offered);
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", b"a")]);
+    for (i, sent) in [(1, true), (2, false)] {
+        let req = request(&sb, SCOPE_A, "wl", &format!("r{i}"), &b, Verify::Default);
+        let run = exec(&sh, &script_for(&sh, &req), sb.dir.path(), &b.bytes, false);
+        assert_eq!(run.agent_sent, sent);
+        assert_eq!(run.transport, Some(DeliveredBy::Script), "{}", run.stderr);
+        assert!(
+            run.stderr.contains("the agent cannot run here"),
+            "{}",
+            run.stderr
+        );
+        run.done();
+    }
+}
+
+/// A root on a filesystem mounted `noexec`: the agent is sent and kept,
+/// cannot be executed (126), and the script delivers.
+#[test]
+fn a_noexec_root_falls_back_to_the_script() {
+    assert!(
+        is_root(),
+        "the noexec test mounts a tmpfs and must run as root"
+    );
+    let sh = Shell::agent();
+    let sb = Sandbox::new();
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m,mode=0755,noexec", "tmpfs"])
+        .arg(sb.dir.path())
+        .output()
+        .expect("run mount");
+    assert!(
+        out.status.success(),
+        "cannot mount a noexec tmpfs (needs root with CAP_SYS_ADMIN): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _mount = Mount(sb.dir.path().to_owned());
+    sb.give_to_sandbox_user(sb.dir.path());
+    let b = bundle(&[("a.txt", b"a"), ("run.sh", b"#!/bin/sh\n")]);
+    for (i, sent) in [(1, true), (2, false)] {
+        let req = request(&sb, SCOPE_A, "wl", &format!("r{i}"), &b, Verify::Default);
+        let run = exec(&sh, &script_for(&sh, &req), sb.dir.path(), &b.bytes, false);
+        assert_eq!(run.agent_sent, sent);
+        assert_eq!(run.transport, Some(DeliveredBy::Script), "{}", run.stderr);
+        assert!(run.stderr.contains("exit 126"), "{}", run.stderr);
+        assert_eq!(run.done().1, i == 2);
+    }
+}
+
+/// Agent and script share one sandbox: each finds the other's published
+/// tree as a verified hit, and one release (the script's) undoes both.
+#[test]
+fn agent_and_script_interoperate() {
+    let agent_sh = Shell::agent();
+    let script_sh = Shell::busybox();
+    let sb = Sandbox::new();
+    let b = bundle_exec(&[
+        ("bin/x", b"#!/bin/sh\n", true),
+        ("d/e/f.txt", b"f", false),
+        (".h", b"h", false),
+    ]);
+    let by_script = deliver(
+        &script_sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "s1", &b, Verify::Full),
+        &b.bytes,
+    );
+    assert!(!by_script.done().1);
+    let hit = deliver(
+        &agent_sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "a1", &b, Verify::Full),
+        &[],
+    );
+    assert!(
+        hit.done().1,
+        "the agent verifies the script's tree\n{}",
+        hit.stderr
+    );
+
+    let other = bundle_exec(&[("bin/y", b"y", true), ("z", b"z", false)]);
+    let by_agent = deliver(
+        &agent_sh,
+        &sb,
+        &request(&sb, SCOPE_B, "wl", "a2", &other, Verify::Full),
+        &other.bytes,
+    );
+    assert!(!by_agent.done().1);
+    let hit = deliver(
+        &script_sh,
+        &sb,
+        &request(&sb, SCOPE_B, "wl", "s2", &other, Verify::Full),
+        &[],
+    );
+    assert!(
+        hit.done().1,
+        "the script verifies the agent's tree\n{}",
+        hit.stderr
+    );
+
+    for (scope, run) in [
+        (SCOPE_A, "s1"),
+        (SCOPE_A, "a1"),
+        (SCOPE_B, "a2"),
+        (SCOPE_B, "s2"),
+    ] {
+        assert!(release(&script_sh, &sb, &release_request(&sb, scope, "wl", run, 0)).released());
+    }
+    assert!(sb.cache_entries().is_empty());
+    sb.assert_no_staging();
+}
+
+/// Not a pass/fail check: the script and the agent side by side on the
+/// same 64 MiB bundle (cold), printed with their ratio.
+#[test]
+fn measure_64_mib_agent_vs_script() {
+    let chunk = 1 << 20;
+    let data = noise(64 * chunk, 9);
+    let files: Vec<(String, &[u8])> = data
+        .chunks(chunk)
+        .enumerate()
+        .map(|(i, c)| (format!("part{i:02}.bin"), c))
+        .collect();
+    let files: Vec<(&str, &[u8])> = files.iter().map(|(p, d)| (p.as_str(), *d)).collect();
+    let b = bundle(&files);
+    let mut cold = Vec::new();
+    for sh in [Shell::dash(), Shell::agent()] {
+        let sb = Sandbox::new();
+        if sh.expects_agent() {
+            let tiny = bundle(&[("t", b"t")]);
+            deliver(
+                &sh,
+                &sb,
+                &request(&sb, SCOPE_A, "wl", "warm", &tiny, Verify::Default),
+                &tiny.bytes,
+            )
+            .done();
+        }
+        let run = deliver(
+            &sh,
+            &sb,
+            &request(&sb, SCOPE_A, "wl", "cold", &b, Verify::Default),
+            &b.bytes,
+        );
+        assert!(!run.done().1);
+        cold.push(run.elapsed);
+    }
+    println!(
+        "{:.1} MiB bundle, cold: script (dash/GNU) {:?}, agent (dev build) {:?}, ratio {:.2}",
+        b.bytes.len() as f64 / (1 << 20) as f64,
+        cold[0],
+        cold[1],
+        cold[0].as_secs_f64() / cold[1].as_secs_f64()
+    );
+}
