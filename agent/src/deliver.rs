@@ -126,16 +126,17 @@ pub(crate) fn run(req: &Request) -> Result<String, Fail> {
     // A run is registered once, with one revision.
     let prefix = format!("{}-", req.scope);
     for other in names_in(&refs) {
-        if other.starts_with(&prefix) && other != key {
-            if exists(&refs.join(&other).join(&req.workload).join(&req.run)) {
-                return Err(Fail::new(
-                    "run_conflict",
-                    format!(
-                        "run {} of workload {} is registered with another revision",
-                        req.run, req.workload
-                    ),
-                ));
-            }
+        if other.starts_with(&prefix)
+            && other != key
+            && exists(&refs.join(&other).join(&req.workload).join(&req.run))
+        {
+            return Err(Fail::new(
+                "run_conflict",
+                format!(
+                    "run {} of workload {} is registered with another revision",
+                    req.run, req.workload
+                ),
+            ));
         }
     }
 

@@ -45,7 +45,7 @@ pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs succeeded, so it filled the buffer.
     let st = unsafe { st.assume_init() };
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Whether this process may write in `dir` (`[ -w dir ]`).

@@ -1804,7 +1804,7 @@ fn a_tampered_or_missing_agent_is_sent_again() {
     assert_eq!(fs::metadata(&bin).unwrap().mode() & 0o7777, 0o555);
     // A missing one, and a symlink in its place, too.
     tamper(bin.parent().unwrap(), None, || {
-        fs::remove_file(&bin).unwrap()
+        fs::remove_file(&bin).unwrap();
     });
     assert!(run().agent_sent);
     tamper(bin.parent().unwrap(), None, || {
@@ -1982,7 +1982,10 @@ fn agent_and_script_interoperate() {
 }
 
 /// Not a pass/fail check: the script and the agent side by side on the
-/// same 64 MiB bundle (cold), printed with their ratio.
+/// same 64 MiB bundle (cold), printed with their ratio. For the static
+/// release agent: `cargo build -p context-agent --profile agent --target
+/// x86_64-unknown-linux-musl`, then run this test with
+/// `CONTEXT_SERVICE_TEST_AGENT=<target>/x86_64-unknown-linux-musl/agent/context-agent`.
 #[test]
 fn measure_64_mib_agent_vs_script() {
     let chunk = 1 << 20;
@@ -2017,9 +2020,10 @@ fn measure_64_mib_agent_vs_script() {
         cold.push(run.elapsed);
     }
     println!(
-        "{:.1} MiB bundle, cold: script (dash/GNU) {:?}, agent (dev build) {:?}, ratio {:.2}",
+        "{:.1} MiB bundle, cold: script (dash/GNU) {:?}, agent ({}) {:?}, ratio {:.2}",
         b.bytes.len() as f64 / (1 << 20) as f64,
         cold[0],
+        agent().binary.display(),
         cold[1],
         cold[0].as_secs_f64() / cold[1].as_secs_f64()
     );

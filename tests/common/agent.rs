@@ -3,7 +3,8 @@
 //! target directory so the build never waits for the lock of the `cargo
 //! test` that runs us), and laid out as an agent directory
 //! (`context-agent-x86_64` or `-aarch64`, whichever this host is) for
-//! `--delivery-agent-dir`.
+//! `--delivery-agent-dir`. `CONTEXT_SERVICE_TEST_AGENT=<binary>` uses a
+//! prebuilt agent instead (e.g. the static release build, to measure it).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,6 +43,9 @@ pub(crate) fn agent() -> &'static BuiltAgent {
     static AGENT: OnceLock<BuiltAgent> = OnceLock::new();
     AGENT.get_or_init(|| {
         let target = target_dir();
+        if let Some(prebuilt) = std::env::var_os("CONTEXT_SERVICE_TEST_AGENT") {
+            return lay_out(PathBuf::from(prebuilt), &target);
+        }
         let out = Command::new(env!("CARGO"))
             .args(["build", "--quiet", "-p", "context-agent", "--target-dir"])
             .arg(&target)
@@ -53,25 +57,28 @@ pub(crate) fn agent() -> &'static BuiltAgent {
             "building the delivery agent failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let binary = target.join("debug/context-agent");
-        let arch = host_arch();
-        // Named by the binary's digest (a static is never dropped, so it
-        // lives in the target dir, not in /tmp): test processes running at
-        // once share it, and a rebuilt agent gets a new one.
-        let bytes = std::fs::read(&binary).expect("read the agent");
-        let sha = hex::encode(Sha256::digest(&bytes));
-        let dir = target.join(format!("agent-dir-{}", &sha[..16]));
-        if !dir.join(format!("context-agent-{arch}")).exists() {
-            let tmp = target.join(format!(".agent-dir-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&tmp);
-            std::fs::create_dir_all(&tmp).expect("agent dir");
-            std::fs::write(tmp.join(format!("context-agent-{arch}")), &bytes)
-                .expect("copy the agent");
-            // Another process may have won the race: its copy is the same.
-            if std::fs::rename(&tmp, &dir).is_err() {
-                let _ = std::fs::remove_dir_all(&tmp);
-            }
-        }
-        BuiltAgent { binary, dir, arch }
+        lay_out(target.join("debug/context-agent"), &target)
     })
+}
+
+/// `binary` and an agent directory holding it under this host's arch.
+fn lay_out(binary: PathBuf, target: &Path) -> BuiltAgent {
+    let arch = host_arch();
+    // Named by the binary's digest (a static is never dropped, so it
+    // lives in the target dir, not in /tmp): test processes running at
+    // once share it, and a rebuilt agent gets a new one.
+    let bytes = std::fs::read(&binary).expect("read the agent");
+    let sha = hex::encode(Sha256::digest(&bytes));
+    let dir = target.join(format!("agent-dir-{}", &sha[..16]));
+    if !dir.join(format!("context-agent-{arch}")).exists() {
+        let tmp = target.join(format!(".agent-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).expect("agent dir");
+        std::fs::write(tmp.join(format!("context-agent-{arch}")), &bytes).expect("copy the agent");
+        // Another process may have won the race: its copy is the same.
+        if std::fs::rename(&tmp, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+    }
+    BuiltAgent { binary, dir, arch }
 }
