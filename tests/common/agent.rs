@@ -61,6 +61,29 @@ pub(crate) fn agent() -> &'static BuiltAgent {
     })
 }
 
+/// The `aarch64` agent (static musl, a dev build; `rustup target add
+/// aarch64-unknown-linux-musl`, linked with rust-lld by
+/// `.cargo/config.toml`), built on first use.
+pub(crate) fn aarch64_agent() -> &'static Path {
+    static AGENT: OnceLock<PathBuf> = OnceLock::new();
+    AGENT.get_or_init(|| {
+        let target = target_dir();
+        let out = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "context-agent"])
+            .args(["--target", "aarch64-unknown-linux-musl", "--target-dir"])
+            .arg(&target)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo to build the aarch64 agent");
+        assert!(
+            out.status.success(),
+            "building the aarch64 agent failed (rustup target add aarch64-unknown-linux-musl):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        target.join("aarch64-unknown-linux-musl/debug/context-agent")
+    })
+}
+
 /// `binary` and an agent directory holding it under this host's arch.
 fn lay_out(binary: PathBuf, target: &Path) -> BuiltAgent {
     let arch = host_arch();
