@@ -42,6 +42,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("deliver") => {
+            on_signals_say_interrupted();
             let result = args::parse(&argv[1..]).and_then(|req| deliver::run(&req));
             match result {
                 Ok(line) => {
@@ -60,6 +61,30 @@ fn main() -> ExitCode {
         _ => {
             eprintln!("usage: context-agent probe | context-agent deliver key=value...");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// The script's `trap`: on SIGHUP, SIGINT or SIGTERM print `ERROR
+/// interrupted …` and exit; the staging dir left behind is removed by the
+/// next delivery (under the lock), as after SIGKILL.
+fn on_signals_say_interrupted() {
+    extern "C" fn interrupted(_: libc::c_int) {
+        const OUT: &[u8] = b"ERROR interrupted delivery interrupted by a signal\n";
+        const ERR: &[u8] = b"context delivery: interrupted: delivery interrupted by a signal\n";
+        // SAFETY: write(2) and _exit(2) are async-signal-safe.
+        unsafe {
+            libc::write(1, OUT.as_ptr().cast(), OUT.len());
+            libc::write(2, ERR.as_ptr().cast(), ERR.len());
+            libc::_exit(1);
+        }
+    }
+    let handler: extern "C" fn(libc::c_int) = interrupted;
+    for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installs a handler that only calls async-signal-safe
+        // functions.
+        unsafe {
+            libc::signal(sig, handler as libc::sighandler_t);
         }
     }
 }

@@ -2116,3 +2116,69 @@ fn the_aarch64_agent_delivers_under_qemu() {
     assert_eq!(run.need(), b.report.bundle_bytes);
     assert!(!run.done().1);
 }
+
+/// SIGTERM mid-transfer: the agent says `ERROR interrupted` (the script's
+/// trap) and exits; the next delivery removes what it left and succeeds.
+#[test]
+fn a_terminated_agent_says_interrupted() {
+    let sh = Shell::agent();
+    let sb = Sandbox::new();
+    let b = bundle(&[("big.bin", &noise(1 << 20, 5))]);
+    let warm = bundle(&[("w", b"w")]);
+    deliver(
+        &sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "warm", &warm, Verify::Default),
+        &warm.bytes,
+    )
+    .done();
+    let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
+    let mut child = command(&sh, &script_for(&sh, &req), sb.dir.path())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        out.read_line(&mut line).expect("read");
+        let parsed = parse_line(&line).expect("a protocol line");
+        let need = matches!(parsed, ScriptLine::Need(_));
+        lines.push(parsed);
+        if need {
+            break;
+        }
+    }
+    stdin
+        .write_all(&b.bytes[..b.bytes.len() / 2])
+        .expect("write half");
+    let staging = sb.root.join(format!("cache/.staging.{}", child.id()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !staging.join("tree/big.bin").exists() {
+        assert!(Instant::now() < deadline, "the extraction never started");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("read the rest");
+    let status = child.wait().expect("wait");
+    drop(stdin);
+    assert_eq!(status.code(), Some(1));
+    assert_eq!(
+        parse_line(rest.trim_end()),
+        Ok(ScriptLine::Error {
+            code: "interrupted".into(),
+            reason: "delivery interrupted by a signal".into()
+        })
+    );
+    assert_eq!(
+        lines.first(),
+        Some(&ScriptLine::Transport(DeliveredBy::Agent))
+    );
+    assert!(!deliver(&sh, &sb, &req, &b.bytes).done().1);
+    sb.assert_no_staging();
+}
