@@ -46,10 +46,10 @@ fn receive(size: u64, tx: mpsc::SyncSender<Vec<u8>>) -> Received {
     let mut got = 0u64;
     let mut listening = true;
     let mut error = None;
+    let mut scratch = vec![0u8; CHUNK];
     while got < size {
         let want = (size - got).min(CHUNK as u64) as usize;
-        let mut buf = vec![0u8; want];
-        let n = match stdin.read(&mut buf) {
+        let n = match stdin.read(&mut scratch[..want]) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -58,10 +58,10 @@ fn receive(size: u64, tx: mpsc::SyncSender<Vec<u8>>) -> Received {
                 break;
             }
         };
-        buf.truncate(n);
-        h.update(&buf);
+        let piece = &scratch[..n];
+        h.update(piece);
         got += n as u64;
-        if listening && tx.send(buf).is_err() {
+        if listening && tx.send(piece.to_vec()).is_err() {
             // The inflater stopped (bad bytes, the cap): keep receiving,
             // so every byte is still hashed and the digest has the say.
             listening = false;
@@ -99,28 +99,48 @@ impl Read for Pieces {
     }
 }
 
-/// Hashes and counts what is read through it.
-struct Hashing<R> {
-    inner: R,
-    sha: Sha256,
+/// What the inflating thread saw: the tar's size (at most the cap) and
+/// its sha256.
+struct Inflated {
     bytes: u64,
-    /// The inner stream failed (bad gzip data).
-    failed: bool,
+    sha: String,
 }
 
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        match self.inner.read(out) {
-            Ok(n) => {
-                self.sha.update(&out[..n]);
-                self.bytes += n as u64;
-                Ok(n)
-            }
+/// Inflates `pieces` (at most `cap` bytes), hashing the tar, and sends it
+/// on in pieces while someone listens; stops at the end of the gzip
+/// stream, at the cap, or at bytes that are not gzip. Dropping `pieces`
+/// at the end lets the receiving thread drain what is left.
+fn inflate(pieces: Pieces, cap: u64, tx: mpsc::SyncSender<Vec<u8>>) -> Inflated {
+    let mut tar = flate2::read::MultiGzDecoder::new(pieces).take(cap);
+    let mut sha = Sha256::new();
+    let mut bytes = 0u64;
+    let mut listening = true;
+    let mut scratch = vec![0u8; CHUNK];
+    loop {
+        // What one read gives, sent at once: the extraction follows the
+        // bytes as they arrive.
+        let n = match tar.read(&mut scratch) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                self.failed = true;
-                Err(e)
+                // The digests decide what was wrong; this is a log.
+                eprintln!("context delivery: inflating: {e}");
+                break;
             }
+        };
+        let piece = &scratch[..n];
+        sha.update(piece);
+        bytes += n as u64;
+        if listening && tx.send(piece.to_vec()).is_err() {
+            // The extraction stopped: keep inflating, so an overrun or
+            // trailing bytes still change the digest.
+            listening = false;
         }
+    }
+    Inflated {
+        bytes,
+        sha: hex(&sha.finalize()),
     }
 }
 
@@ -136,35 +156,33 @@ enum Extract {
 /// empty). Returns the directories made (to make read-only later) when
 /// every check passed.
 pub(crate) fn receive_and_extract(req: &Request, tree: &Path) -> Result<Vec<PathBuf>, Fail> {
+    // Three stages on their own threads: receive and hash the bundle;
+    // inflate and hash the tar; extract (here).
     let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUE);
     let size = req.size;
     let reader = thread::spawn(move || receive(size, tx));
-    let pieces = Pieces {
+    let bundle = Pieces {
         rx,
         cur: Vec::new(),
         at: 0,
     };
-    let gz = flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(CHUNK, pieces));
-    let capped = Hashing {
-        inner: gz.take(req.inflated + 1),
-        sha: Sha256::new(),
-        bytes: 0,
-        failed: false,
+    let (tar_tx, tar_rx) = mpsc::sync_channel::<Vec<u8>>(QUEUE);
+    let cap = req.inflated + 1;
+    let inflater = thread::spawn(move || inflate(bundle, cap, tar_tx));
+    let tar_pieces = Pieces {
+        rx: tar_rx,
+        cur: Vec::new(),
+        at: 0,
     };
-    let mut tar = TarReader::new(io::BufReader::with_capacity(CHUNK, capped));
+    let mut tar = TarReader::new(io::BufReader::with_capacity(CHUNK, tar_pieces));
     let mut dirs = Vec::new();
     let outcome = extract(&mut tar, req, tree, &mut dirs);
-    // Whatever happened, the rest of the inflated stream is hashed (an
-    // overrun past the cap, or trailing bytes, must change the digest).
-    let mut rest = tar.into_inner();
-    let _ = io::copy(&mut rest, &mut io::sink());
-    let hashing = rest.into_inner();
-    let (tar_bytes, tar_sha) = (hashing.bytes, hex(&hashing.sha.finalize()));
-    // Stop listening, so the reader drains the rest without blocking.
-    drop(hashing.inner);
-    let received = reader
-        .join()
-        .map_err(|_| Fail::new("write_failed", "receiving the bundle failed"))?;
+    // Stop listening: the inflater hashes the rest on its own.
+    drop(tar);
+    let lost = || Fail::new("write_failed", "receiving the bundle failed");
+    let inflated = inflater.join().map_err(|_| lost())?;
+    let (tar_bytes, tar_sha) = (inflated.bytes, inflated.sha);
+    let received = reader.join().map_err(|_| lost())?;
     if let Some(e) = &received.error {
         return Err(io_failure(e, "receiving the bundle", None));
     }

@@ -94,11 +94,6 @@ impl<R: Read> TarReader<R> {
         Self { r, pending: 0 }
     }
 
-    /// The underlying stream.
-    pub(crate) fn into_inner(self) -> R {
-        self.r
-    }
-
     fn block(&mut self) -> Result<[u8; BLOCK], TarError> {
         let mut b = [0u8; BLOCK];
         self.r.read_exact(&mut b)?;
