@@ -1998,17 +1998,29 @@ fn measure_64_mib_agent_vs_script() {
     let files: Vec<(&str, &[u8])> = files.iter().map(|(p, d)| (p.as_str(), *d)).collect();
     let b = bundle(&files);
     let mut cold = Vec::new();
+    let mut injection = None;
     for sh in [Shell::dash(), Shell::agent()] {
         let sb = Sandbox::new();
         if sh.expects_agent() {
-            let tiny = bundle(&[("t", b"t")]);
-            deliver(
+            // A small cold delivery that injects the agent, then another
+            // (of other bytes) with the agent present: the cost of injection.
+            let tiny = |i: u64| bundle(&[("t", &noise(1000, i))]);
+            let (first, second) = (tiny(1), tiny(2));
+            let with = deliver(
                 &sh,
                 &sb,
-                &request(&sb, SCOPE_A, "wl", "warm", &tiny, Verify::Default),
-                &tiny.bytes,
-            )
-            .done();
+                &request(&sb, SCOPE_A, "wl", "i1", &first, Verify::Default),
+                &first.bytes,
+            );
+            assert!(with.agent_sent);
+            let without = deliver(
+                &sh,
+                &sb,
+                &request(&sb, SCOPE_A, "wl", "i2", &second, Verify::Default),
+                &second.bytes,
+            );
+            assert!(!without.agent_sent && !without.done().1);
+            injection = Some((with.elapsed, without.elapsed));
         }
         let run = deliver(
             &sh,
@@ -2019,6 +2031,12 @@ fn measure_64_mib_agent_vs_script() {
         assert!(!run.done().1);
         cold.push(run.elapsed);
     }
+    let (with, without) = injection.expect("measured");
+    println!(
+        "small cold delivery with the agent's injection {with:?}, with the agent present {without:?} \
+         ({} agent bytes)",
+        fs::metadata(&agent().binary).map(|m| m.len()).unwrap_or(0)
+    );
     println!(
         "{:.1} MiB bundle, cold: script (dash/GNU) {:?}, agent ({}) {:?}, ratio {:.2}",
         b.bytes.len() as f64 / (1 << 20) as f64,
