@@ -10,8 +10,13 @@
 #  2. Peak RSS (VmHWM) of a fresh gateway process during 8 concurrent cold
 #     deliveries of 8 distinct 256 MiB bundles into 8 sandboxes, against
 #     cache budget + in-flight budget + 128 MiB.
+#  3. On `local`, every round twice: through the script
+#     (CS_DELIVERY_TRANSPORT=script) and through the injected agent (the
+#     static release build of agent/, in CS_DELIVERY_AGENT_DIR), with the
+#     script/agent ratio of the cold times. The kube rounds use the agent.
 #
-# Usage: benches/delivery.sh      (SIZES="64 256" ROUNDS=1 CONCURRENT=8 BIN_DIR=)
+# Usage: benches/delivery.sh      (SIZES="64 256" ROUNDS=1 CONCURRENT=8 BIN_DIR= LOCAL_ONLY=)
+# LOCAL_ONLY=1 skips the control plane (the kube rounds and the memory run).
 # Release builds of the service and contextctl; brings tests/k8s/testenv.sh
 # up when needed and stops it at the end only if it started it. Everything
 # listens on 127.0.0.1; the work dir and the bench namespace are removed at
@@ -52,15 +57,25 @@ else
 fi
 SERVICE="$TARGET/context-service"
 CTL="$TARGET/contextctl"
+ARCH="$(uname -m)"
+echo "building the $ARCH agent..." >&2
+cargo build --quiet -p context-agent --profile agent --target "$ARCH-unknown-linux-musl"
+AGENT_BIN="${CARGO_TARGET_DIR:-target}/$ARCH-unknown-linux-musl/agent/context-agent"
 
-"$testenv" build
+LOCAL_ONLY="${LOCAL_ONLY:-}"
 STARTED_ENV=""
-if ! "$testenv" status >/dev/null 2>&1; then
-  STARTED_ENV=1
+if [ -z "$LOCAL_ONLY" ]; then
+  "$testenv" build
+  if ! "$testenv" status >/dev/null 2>&1; then
+    STARTED_ENV=1
+  fi
+  "$testenv" up
+  eval "$("$testenv" env)"
+  KUBECTL="$CONTEXT_SERVICE_TESTENV_BIN/kubectl"
+else
+  KUBECTL=true
+  CONTEXT_SERVICE_TESTENV_EXEC_ROOT=/nonexistent
 fi
-"$testenv" up
-eval "$("$testenv" env)"
-KUBECTL="$CONTEXT_SERVICE_TESTENV_BIN/kubectl"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/cs-delivery-bench.XXXXXX")"
 NS="cs-delivery-bench-$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')"
@@ -87,15 +102,19 @@ cleanup() {
 trap cleanup EXIT
 
 export CS_DATA_DIR="$WORK/data"
+mkdir -p "$WORK/agents"
+cp "$AGENT_BIN" "$WORK/agents/context-agent-$ARCH"
 URL="http://127.0.0.1:$CS_PORT"
 ctl() { "$CTL" --url "$URL" --data-dir "$CS_DATA_DIR" "$@"; }
 now() { date +%s%N; }
 ms_since() { echo $(( ($(now) - $1) / 1000000 )); }
 secs() { awk -v ms="$1" 'BEGIN { printf "%.2f", ms / 1000 }'; }
 
-# start_service BACKEND: a fresh gateway process.
+# start_service BACKEND [TRANSPORT]: a fresh gateway process (transport
+# exec: the agent; script: the script).
 start_service() {
-  local backend=$1
+  local backend=$1 transport=${2:-exec}
+  CS_DELIVERY_TRANSPORT="$transport" CS_DELIVERY_AGENT_DIR="$WORK/agents" \
   CS_LISTEN_ADDR="127.0.0.1:$CS_PORT" CS_BACKEND="$backend" CS_NAMESPACE="$NS" \
     CS_SANDBOX_IMAGE=busybox:stable CS_DELIVERY_ROOT=.context \
     CS_CACHE_BYTES=$((CACHE_MIB << 20)) CS_DELIVERY_INFLIGHT_BYTES=$((INFLIGHT_MIB << 20)) \
@@ -179,14 +198,14 @@ EOF
   sleep 1
 }
 
-# deliver WORKLOAD RUN SANDBOX: prints "wall_ms duration_ms bytes_sent cached".
+# deliver WORKLOAD RUN SANDBOX: prints "wall_ms duration_ms bytes_sent cached transport".
 deliver() {
   local t0 body
   t0=$(now)
   body=$(api POST "/v1/workloads/$1/deliveries" "{\"runId\":\"$2\",\"sandbox\":\"$3\"}")
   local wall
   wall=$(ms_since "$t0")
-  printf '%s %s\n' "$wall" "$(jq -r '.deliveries[0] | "\(.durationMs) \(.bytesSent) \(.cached)"' <<<"$body")"
+  printf '%s %s\n' "$wall" "$(jq -r '.deliveries[0] | "\(.durationMs) \(.bytesSent) \(.cached) \(.transport)"' <<<"$body")"
 }
 
 release() { api DELETE "/v1/workloads/$1/deliveries/$2" >/dev/null; }
@@ -241,22 +260,46 @@ declare -A ROWS
 BUNDLE_MIB=()
 
 # --- local --------------------------------------------------------------------
-start_service local
-for s in $SIZES; do
-  bytes=$(publish "w$s" "$WORK/src$s")
-  BUNDLE_MIB+=("$s:$(awk -v b="$bytes" 'BEGIN { printf "%.0f", b / 1048576 }')")
-done
-read -r LSANDBOX _ < <(create_pool bench 1)
-for s in $SIZES; do
-  for r in $(seq 1 "$ROUNDS"); do
-    read -r cw cd cb cc < <(deliver "w$s" "lc$s-$r" "$LSANDBOX")
-    read -r ww wd wb wc < <(deliver "w$s" "lw$s-$r" "$LSANDBOX")
-    [ "$cc" = false ] && [ "$wc" = true ] && [ "$wb" = 0 ] || { echo "local $s: unexpected cold/warm outcome" >&2; exit 1; }
-    release "w$s" "lc$s-$r"; release "w$s" "lw$s-$r"
-    ROWS["local $s $r"]="$cw $cd $ww $wd"
+# The same data dir for both transports: the workloads are published once.
+for t in script agent; do
+  if [ "$t" = script ]; then start_service local script; else start_service local exec; fi
+  if [ "$t" = script ]; then
+    for s in $SIZES; do
+      bytes=$(publish "w$s" "$WORK/src$s")
+      BUNDLE_MIB+=("$s:$(awk -v b="$bytes" 'BEGIN { printf "%.0f", b / 1048576 }')")
+    done
+    read -r LSANDBOX _ < <(create_pool bench 1)
+  fi
+  # The agent's first delivery injects it: done before the rounds.
+  [ "$t" = agent ] && { deliver "w${SIZES%% *}" "inject" "$LSANDBOX" >/dev/null; release "w${SIZES%% *}" inject; }
+  for s in $SIZES; do
+    for r in $(seq 1 "$ROUNDS"); do
+      read -r cw cd cb cc ct < <(deliver "w$s" "lc$s-$r" "$LSANDBOX")
+      read -r ww wd wb wc wt < <(deliver "w$s" "lw$s-$r" "$LSANDBOX")
+      [ "$cc" = false ] && [ "$wc" = true ] && [ "$wb" = 0 ] || { echo "local $s: unexpected cold/warm outcome" >&2; exit 1; }
+      [ "$ct" = "$t" ] && [ "$wt" = "$t" ] || { echo "local $s: delivered by $ct/$wt, not $t" >&2; exit 1; }
+      release "w$s" "lc$s-$r"; release "w$s" "lw$s-$r"
+      ROWS["local-$t $s $r"]="$cw $cd $ww $wd"
+    done
   done
+  stop_service
 done
-stop_service
+if [ -n "$LOCAL_ONLY" ]; then
+  echo
+  echo "== local delivery, script vs agent: cold (bytes sent) and warm (hit, default verify); $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg) =="
+  printf "%5s %7s %5s | %9s %9s | %9s %9s | %s\n" tree bundle round "script s" "agent s" "script ms" "agent ms" "cold script/agent"
+  bundle_mib() { local e; for e in "${BUNDLE_MIB[@]}"; do [ "${e%%:*}" = "$1" ] && echo "${e#*:}"; done; }
+  for s in $SIZES; do
+    for r in $(seq 1 "$ROUNDS"); do
+      read -r scw _ sww _ <<<"${ROWS["local-script $s $r"]}"
+      read -r acw _ aww _ <<<"${ROWS["local-agent $s $r"]}"
+      printf "%4sM %6sM %5s | %9s %9s | %9s %9s | %.2fx\n" "$s" "$(bundle_mib "$s")" "$r" \
+        "$(secs "$scw")" "$(secs "$acw")" "$sww" "$aww" "$(awk -v a="$scw" -v b="$acw" 'BEGIN { print a / b }')"
+    done
+  done
+  echo "(wall = HTTP round trip; LOCAL_ONLY: no control plane, no kube rounds, no memory run)"
+  exit 0
+fi
 
 # --- kube ------------------------------------------------------------------------
 "$KUBECTL" create namespace "$NS" >/dev/null
@@ -270,8 +313,8 @@ exec_rule "$KPOD"
 KWORK="$CONTEXT_SERVICE_TESTENV_EXEC_ROOT/$NS/$KPOD"
 for s in $SIZES; do
   for r in $(seq 1 "$ROUNDS"); do
-    read -r cw cd cb cc < <(deliver "w$s" "kc$s-$r" "$KSANDBOX")
-    read -r ww wd wb wc < <(deliver "w$s" "kw$s-$r" "$KSANDBOX")
+    read -r cw cd cb cc _ < <(deliver "w$s" "kc$s-$r" "$KSANDBOX")
+    read -r ww wd wb wc _ < <(deliver "w$s" "kw$s-$r" "$KSANDBOX")
     [ "$cc" = false ] && [ "$wc" = true ] && [ "$wb" = 0 ] || { echo "kube $s: unexpected cold/warm outcome" >&2; exit 1; }
     release "w$s" "kc$s-$r"; release "w$s" "kw$s-$r"
     exec_rule "$KPOD" --blocking-factor=1
@@ -316,7 +359,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 MEM_MS=$(ms_since "$t0")
 PEAK_KB=$(awk '/VmHWM/ {print $2}' "/proc/$CS_PID/status")
 for i in $(seq 1 "$CONCURRENT"); do
-  read -r _ _ b c <"$WORK/mem-$i.out"
+  read -r _ _ b c _ <"$WORK/mem-$i.out"
   [ "$c" = false ] && [ "$b" -gt 0 ] || { echo "memory delivery $i: not a cold delivery" >&2; exit 1; }
   release "m$i" "mem-$i"
 done
@@ -328,10 +371,12 @@ echo "== delivery: cold (bytes sent) and warm (hit, default verify); wall = HTTP
 printf "%-6s %5s %7s %5s | %9s %9s | %9s %9s | %11s %9s %7s\n" \
   backend tree bundle round "cold s" "(script)" "warm ms" "(script)" "kubectl cp" "-b1 cost" ratio
 for s in $SIZES; do
-  for r in $(seq 1 "$ROUNDS"); do
-    read -r cw cd ww wd <<<"${ROWS["local $s $r"]}"
-    printf "%-6s %4sM %6sM %5s | %9s %9s | %9s %9s | %11s %9s %7s\n" \
-      local "$s" "$(bundle_mib "$s")" "$r" "$(secs "$cw")" "$(secs "$cd")" "$ww" "$wd" - - -
+  for t in script agent; do
+    for r in $(seq 1 "$ROUNDS"); do
+      read -r cw cd ww wd <<<"${ROWS["local-$t $s $r"]}"
+      printf "%-6s %4sM %6sM %5s | %9s %9s | %9s %9s | %11s %9s %7s\n" \
+        "l-$t" "$s" "$(bundle_mib "$s")" "$r" "$(secs "$cw")" "$(secs "$cd")" "$ww" "$wd" - - -
+    done
   done
   for r in $(seq 1 "$ROUNDS"); do
     read -r cw cd ww wd kw <<<"${ROWS["kube $s $r"]}"

@@ -2,13 +2,13 @@
 //! a `CS_*` environment variable.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
 use crate::auth::TokenPolicy;
 use crate::bundle::Limits;
-use crate::delivery::DeliverySettings;
+use crate::delivery::{AgentSet, DeliverySettings, Transport};
 use crate::sandbox::{kube::KubeSettings, local::LocalSettings, SandboxSettings};
 use crate::store::StorageSettings;
 use crate::workload::{UploadLimits, WorkloadSettings};
@@ -358,6 +358,18 @@ pub struct ServeConfig {
     /// backend; default: the pod's first container).
     #[arg(long, env = "CS_DELIVERY_CONTAINER")]
     pub delivery_container: Option<String>,
+
+    /// Directory holding the in-sandbox delivery agents
+    /// (`context-agent-x86_64`, `context-agent-aarch64`; whichever exist).
+    /// Default: the directory of the service's executable.
+    #[arg(long, env = "CS_DELIVERY_AGENT_DIR")]
+    pub delivery_agent_dir: Option<PathBuf>,
+
+    /// How deliveries reach a sandbox: `auto` (the injected agent where
+    /// one fits the sandbox and can run there, else the script), `exec`
+    /// (the same, but an agent must be present at start) or `script`.
+    #[arg(long, env = "CS_DELIVERY_TRANSPORT", default_value = "auto", value_parser = ["auto", "exec", "script"])]
+    pub delivery_transport: String,
 }
 
 impl ServeConfig {
@@ -422,6 +434,23 @@ impl ServeConfig {
             None | Some("") => None,
             Some(s) => Some(s.parse().context("--delivery-shared-selector")?),
         };
+        let transport: Transport = self
+            .delivery_transport
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!(e))?;
+        let agents = match transport {
+            Transport::Script => AgentSet::default(),
+            Transport::Auto | Transport::Exec => {
+                let dir = match &self.delivery_agent_dir {
+                    Some(d) => d.clone(),
+                    None => std::env::current_exe()
+                        .ok()
+                        .and_then(|p| p.parent().map(Path::to_owned))
+                        .unwrap_or_default(),
+                };
+                AgentSet::load(&dir).context("--delivery-agent-dir")?
+            }
+        };
         let settings = DeliverySettings {
             root,
             retention: self.delivery_retention,
@@ -429,6 +458,8 @@ impl ServeConfig {
             parallelism: self.delivery_parallelism,
             inflight_bytes: self.delivery_inflight_bytes,
             shared_selector,
+            transport,
+            agents: std::sync::Arc::new(agents),
         };
         settings.validate()?;
         Ok(settings)

@@ -24,6 +24,7 @@ pub struct DeliveryMetrics {
     cache_hits: Counter,
     duration: Histogram,
     releases: Family<OutcomeLabels, Counter>,
+    agent_injections: Counter,
 }
 
 impl Default for DeliveryMetrics {
@@ -35,6 +36,7 @@ impl Default for DeliveryMetrics {
             // 5 ms … ~5.5 min.
             duration: Histogram::new(exponential_buckets(0.005, 2.0, 17)),
             releases: Family::default(),
+            agent_injections: Counter::default(),
         }
     }
 }
@@ -67,6 +69,16 @@ impl DeliveryMetrics {
             "Releases of a run in one sandbox by outcome (released, failed)",
             self.releases.clone(),
         );
+        registry.register(
+            "delivery_agent_injections",
+            "Delivery agents sent into sandboxes (once per sandbox, again when missing or tampered)",
+            self.agent_injections.clone(),
+        );
+    }
+
+    /// An agent was sent into a sandbox.
+    pub(super) fn agent_injected(&self) {
+        self.agent_injections.inc();
     }
 
     /// One sandbox's delivery ended.

@@ -87,24 +87,28 @@
 //!   (`session`) and the run registry (`crate::store::RunStore`);
 //! - [`error`], [`view`], [`metrics`]: failures, wire shapes, metrics.
 
+pub mod agent;
 pub mod error;
 mod flight;
 pub mod metrics;
 mod payload;
 pub mod port;
+pub mod rules;
 mod script;
 pub mod service;
 mod session;
 mod targets;
 pub mod view;
 
+pub use agent::{Agent, AgentError, AgentSet, Transport};
 pub use error::{DeliveryError, DeliveryFailure, SandboxFailure};
 pub use metrics::DeliveryMetrics;
 pub use port::{ExecError, ExecSession, ExecTarget, SandboxExec};
 pub use script::{
-    is_valid_root, is_valid_run_id, is_valid_scope, parse_line, render_deliver, render_release,
-    DeliverRequest, LineError, ReleaseRequest, RunId, ScriptError, ScriptLine, Verify,
-    DEFAULT_ROOT, ERROR_CODES, RUN_ID_PATTERN,
+    is_valid_root, is_valid_run_id, is_valid_scope, parse_line, render_deliver,
+    render_deliver_with_agent, render_release, AgentOffer, DeliverRequest, DeliveredBy, LineError,
+    ReleaseRequest, RunId, ScriptError, ScriptLine, Verify, DEFAULT_ROOT, ERROR_CODES,
+    RUN_ID_PATTERN,
 };
 pub use service::{
     DeliverInput, DeliveryDeps, DeliveryService, DeliverySettings, DeliveryTarget, SettingsError,

@@ -16,11 +16,12 @@ const DELIVER_TEMPLATE: &str = include_str!("deliver.sh");
 /// The release script template (`sh -c`), see the module docs.
 const RELEASE_TEMPLATE: &str = include_str!("release.sh");
 
+/// The launcher put before the deliver script when agents are offered: it
+/// injects and runs the agent, or lets the script deliver (module docs).
+const LAUNCH_TEMPLATE: &str = include_str!("launch.sh");
+
 /// The default delivery root inside a sandbox.
 pub const DEFAULT_ROOT: &str = "/workspace/.context";
-
-/// Longest accepted delivery root, in bytes.
-const MAX_ROOT_BYTES: usize = 1024;
 
 /// Largest size or count the scripts accept: shell arithmetic and `test`
 /// use signed 64-bit integers, and sums of two such values must fit.
@@ -55,6 +56,9 @@ pub const ERROR_CODES: &[&str] = &[
     "write_failed",
     // The script got SIGHUP, SIGINT or SIGTERM.
     "interrupted",
+    // The agent was started with arguments it refuses (a gateway bug or
+    // a tampered launcher; the script has no such failure).
+    "bad_request",
 ];
 
 /// How thoroughly a cache hit is checked before it is trusted.
@@ -182,6 +186,11 @@ pub enum ScriptLine {
     },
     /// The release script's final line; false when there was no such run.
     Released(bool),
+    /// `AGENT <arch>`: send the gateway's agent for `arch` (exactly its
+    /// size), before `NEED`.
+    Agent(String),
+    /// `TRANSPORT agent|script`: which of the two delivers, before `NEED`.
+    Transport(DeliveredBy),
     /// `ERROR <code> <reason>`: the script failed (and exits non-zero).
     Error {
         /// A snake_case code, one of [`ERROR_CODES`] for this version.
@@ -189,6 +198,27 @@ pub enum ScriptLine {
         /// A one-line human reason.
         reason: String,
     },
+}
+
+/// What delivered into a sandbox: the injected agent or the script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveredBy {
+    /// `context-agent`, injected once per sandbox.
+    Agent,
+    /// The POSIX `sh` script.
+    Script,
+}
+
+/// The agents offered to one delivery: for each architecture, the sha256
+/// and size of the binary the gateway sends on `AGENT <arch>` (`None`:
+/// that architecture gets the script).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentOffer {
+    /// `x86_64`: (sha256, bytes).
+    pub x86_64: Option<(String, u64)>,
+    /// `aarch64`: (sha256, bytes).
+    pub aarch64: Option<(String, u64)>,
 }
 
 /// A stdout line that is not part of the protocol.
@@ -211,48 +241,13 @@ pub(crate) use run_id_pattern;
 /// checks, as the OpenAPI document and the refusals quote it.
 pub const RUN_ID_PATTERN: &str = run_id_pattern!();
 
-/// Whether `run_id` matches [`RUN_ID_PATTERN`].
-pub fn is_valid_run_id(run_id: &str) -> bool {
-    let b = run_id.as_bytes();
-    let first = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    (1..=63).contains(&b.len())
-        && b.first().is_some_and(first)
-        && b.iter()
-            .all(|c| first(c) || matches!(c, b'.' | b'_' | b'-'))
-}
+use super::rules::is_lower_hex;
+pub use super::rules::{is_valid_root, is_valid_run_id, is_valid_scope};
 
 crate::workload::names::checked_string! {
     /// A delivery run id: `^[a-z0-9][a-z0-9._-]{0,62}$` (see
     /// [`is_valid_run_id`]).
     pub struct RunId: is_valid_run_id;
-}
-
-/// Whether `scope` is exactly 32 lowercase hex digits.
-pub fn is_valid_scope(scope: &str) -> bool {
-    is_lower_hex(scope, 32)
-}
-
-/// Whether `root` is a usable delivery root: absolute, or relative to the
-/// exec's working directory (no leading `/`; the script then prints an
-/// absolute path built from `$PWD`); at most 1024 bytes, only
-/// `[A-Za-z0-9._/-]`, and no empty, `.` or `..` component (so neither `/`
-/// itself, `//` nor a trailing `/`).
-pub fn is_valid_root(root: &str) -> bool {
-    let rest = root.strip_prefix('/').unwrap_or(root);
-    root.len() <= MAX_ROOT_BYTES
-        && rest.split('/').all(|c| {
-            !c.is_empty()
-                && c != "."
-                && c != ".."
-                && c.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        })
-}
-
-fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn check(ok: bool, field: &'static str, rule: &'static str) -> Result<(), ScriptError> {
@@ -312,6 +307,50 @@ fn has_placeholder(s: &str) -> bool {
 /// Renders the deliver script for `req`, or refuses a value that breaks
 /// its rule (nothing is rendered then).
 pub fn render_deliver(req: &DeliverRequest) -> Result<String, ScriptError> {
+    let values = deliver_values(req)?;
+    Ok(fill(DELIVER_TEMPLATE, &values))
+}
+
+/// Renders the launcher and the deliver script after it: the agent of
+/// `offer` for the sandbox's architecture delivers when it can run there,
+/// the script otherwise (module docs). Refuses what [`render_deliver`]
+/// refuses, and digests that are not 64 lowercase hex digits.
+pub fn render_deliver_with_agent(
+    req: &DeliverRequest,
+    offer: &AgentOffer,
+) -> Result<String, ScriptError> {
+    let mut values = deliver_values(req)?;
+    for (arch, sha_key, bytes_key, field) in [
+        (
+            &offer.x86_64,
+            "AGENT_X86_64_SHA",
+            "AGENT_X86_64_BYTES",
+            "agent.x86_64",
+        ),
+        (
+            &offer.aarch64,
+            "AGENT_AARCH64_SHA",
+            "AGENT_AARCH64_BYTES",
+            "agent.aarch64",
+        ),
+    ] {
+        let (sha, bytes) = match arch {
+            Some((sha, bytes)) => {
+                check(is_lower_hex(sha, 64), field, DIGEST_RULE)?;
+                check((1..=MAX_SHELL_INT).contains(bytes), field, SIZE_RULE)?;
+                (sha.clone(), bytes.to_string())
+            }
+            None => (String::new(), String::new()),
+        };
+        values.push((sha_key, sha));
+        values.push((bytes_key, bytes));
+    }
+    let template = format!("{LAUNCH_TEMPLATE}{DELIVER_TEMPLATE}");
+    Ok(fill(&template, &values))
+}
+
+/// Checks `req` and returns the values of the deliver template.
+fn deliver_values(req: &DeliverRequest) -> Result<Vec<(&'static str, String)>, ScriptError> {
     check_run(&req.root, &req.scope, &req.workload, &req.run_id)?;
     check(is_lower_hex(&req.revision, 64), "revision", DIGEST_RULE)?;
     check(
@@ -338,31 +377,28 @@ pub fn render_deliver(req: &DeliverRequest) -> Result<String, ScriptError> {
     ] {
         check(is_lower_hex(value, 64), field, DIGEST_RULE)?;
     }
-    Ok(fill(
-        DELIVER_TEMPLATE,
-        &[
-            ("ROOT", req.root.clone()),
-            ("SCOPE", req.scope.clone()),
-            ("WORKLOAD", req.workload.clone()),
-            ("RUN_ID", req.run_id.clone()),
-            ("REVISION", req.revision.clone()),
-            ("BUNDLE_DIGEST", req.bundle_digest.clone()),
-            ("BUNDLE_BYTES", req.bundle_bytes.to_string()),
-            ("INFLATED_BYTES", req.inflated_bytes.to_string()),
-            // One byte past the recorded size, so an overrun is visible.
-            ("INFLATED_CAP", (req.inflated_bytes + 1).to_string()),
-            // The bundle and its tar coexist on disk for a while.
-            (
-                "MIN_SPACE",
-                (req.bundle_bytes + req.inflated_bytes).to_string(),
-            ),
-            ("ENTRIES", req.entries.to_string()),
-            ("VERIFY", req.verify.as_script_word().to_owned()),
-            ("NAMES_SHA", m.names.clone()),
-            ("MODES_SHA", m.modes.clone()),
-            ("CONTENT_SHA", m.content.clone()),
-        ],
-    ))
+    Ok(vec![
+        ("ROOT", req.root.clone()),
+        ("SCOPE", req.scope.clone()),
+        ("WORKLOAD", req.workload.clone()),
+        ("RUN_ID", req.run_id.clone()),
+        ("REVISION", req.revision.clone()),
+        ("BUNDLE_DIGEST", req.bundle_digest.clone()),
+        ("BUNDLE_BYTES", req.bundle_bytes.to_string()),
+        ("INFLATED_BYTES", req.inflated_bytes.to_string()),
+        // One byte past the recorded size, so an overrun is visible.
+        ("INFLATED_CAP", (req.inflated_bytes + 1).to_string()),
+        // The bundle and its tar coexist on disk for a while.
+        (
+            "MIN_SPACE",
+            (req.bundle_bytes + req.inflated_bytes).to_string(),
+        ),
+        ("ENTRIES", req.entries.to_string()),
+        ("VERIFY", req.verify.as_script_word().to_owned()),
+        ("NAMES_SHA", m.names.clone()),
+        ("MODES_SHA", m.modes.clone()),
+        ("CONTENT_SHA", m.content.clone()),
+    ])
 }
 
 /// Renders the release script for `req`, or refuses a value that breaks
@@ -411,6 +447,17 @@ pub fn parse_line(line: &str) -> Result<ScriptLine, LineError> {
     }
     if let Some(reason) = line.strip_prefix("RESEND ") {
         return Ok(ScriptLine::Resend(reason.to_owned()));
+    }
+    if let Some(arch) = line.strip_prefix("AGENT ") {
+        if arch.is_empty() || !arch.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(bad());
+        }
+        return Ok(ScriptLine::Agent(arch.to_owned()));
+    }
+    match line {
+        "TRANSPORT agent" => return Ok(ScriptLine::Transport(DeliveredBy::Agent)),
+        "TRANSPORT script" => return Ok(ScriptLine::Transport(DeliveredBy::Script)),
+        _ => {}
     }
     if let Some(rest) = line.strip_prefix("ERROR ") {
         let (code, reason) = rest.split_once(' ').unwrap_or((rest, ""));
@@ -500,11 +547,25 @@ mod tests {
         assert!(r.contains("\nretention='4'\n"));
     }
 
+    /// The agent's sources: its `Fail::new("code", …)` calls.
+    const AGENT_SOURCES: &[&str] = &[
+        include_str!("../../agent/src/args.rs"),
+        include_str!("../../agent/src/deliver.rs"),
+        include_str!("../../agent/src/fail.rs"),
+        include_str!("../../agent/src/receive.rs"),
+    ];
+
     #[test]
     fn every_error_code_is_listed() {
         let mut printed: Vec<&str> = [DELIVER_TEMPLATE, RELEASE_TEMPLATE]
             .iter()
             .flat_map(|t| t.split("fail ").skip(1))
+            .chain(
+                AGENT_SOURCES
+                    .iter()
+                    .flat_map(|t| t.split("Fail::new(").skip(1)),
+            )
+            .map(|rest| rest.trim_start().trim_start_matches('"'))
             .filter_map(|rest| rest.split([' ', '"']).next())
             .filter(|code| {
                 !code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
@@ -519,6 +580,61 @@ mod tests {
         for code in ERROR_CODES {
             assert!(printed.contains(code), "{code} is never printed");
         }
+    }
+
+    #[test]
+    fn the_agent_shares_the_workload_rule() {
+        for name in [
+            "a",
+            "wl-1",
+            "a-b-c",
+            &"a".repeat(50),
+            &"a".repeat(51),
+            "-a",
+            "a-",
+            "A",
+            "a_b",
+            "",
+        ] {
+            assert_eq!(
+                crate::delivery::rules::is_valid_workload(name),
+                is_valid_name(name),
+                "{name:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_launcher_offers_only_checked_agents() {
+        let offer = AgentOffer {
+            x86_64: Some(("f".repeat(64), 1000)),
+            aarch64: None,
+        };
+        let s = render_deliver_with_agent(&req(), &offer).unwrap();
+        assert!(!has_placeholder(&s));
+        assert!(s.contains(&format!("\nagent_x86_64='{}'\n", "f".repeat(64))));
+        assert!(s.contains("\nagent_aarch64=''\n"));
+        assert!(s.contains("scope='0123456789abcdef0123456789abcdef' workload='wl-1'"));
+        // The script follows, whole.
+        assert!(s.ends_with(&render_deliver(&req()).unwrap()));
+        let bad = AgentOffer {
+            x86_64: Some(("F".repeat(64), 1000)),
+            aarch64: None,
+        };
+        assert_eq!(
+            render_deliver_with_agent(&req(), &bad).unwrap_err().field(),
+            "agent.x86_64"
+        );
+        assert_eq!(
+            parse_line("AGENT x86_64"),
+            Ok(ScriptLine::Agent("x86_64".into()))
+        );
+        assert!(parse_line("AGENT ../x").is_err());
+        assert_eq!(
+            parse_line("TRANSPORT agent\n"),
+            Ok(ScriptLine::Transport(DeliveredBy::Agent))
+        );
+        assert!(parse_line("TRANSPORT pull").is_err());
     }
 
     #[test]

@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+use super::agent::{AgentSet, Transport};
 use super::error::{DeliveryError, DeliveryFailure, SandboxFailure};
 use super::flight::KeyedLocks;
 use super::payload::{InflightBudget, Payload};
 use super::port::{ExecError, ExecTarget, SandboxExec};
 use super::script::{
-    is_valid_root, render_deliver, render_release, DeliverRequest, ReleaseRequest, RunId, Verify,
-    DEFAULT_ROOT,
+    is_valid_root, render_deliver, render_deliver_with_agent, render_release, AgentOffer,
+    DeliverRequest, ReleaseRequest, RunId, Verify, DEFAULT_ROOT,
 };
 use super::session::{self, Failure};
 use super::targets;
@@ -42,6 +43,10 @@ pub struct DeliverySettings {
     pub inflight_bytes: u64,
     /// Sandboxes every owner may target (operator-designated shared ones).
     pub shared_selector: Option<LabelSelector>,
+    /// Whether deliveries try the agent ([`Transport::Script`]: never).
+    pub transport: Transport,
+    /// The agents offered to sandboxes (empty: the script always).
+    pub agents: Arc<AgentSet>,
 }
 
 impl Default for DeliverySettings {
@@ -53,6 +58,8 @@ impl Default for DeliverySettings {
             parallelism: 8,
             inflight_bytes: 512 * 1024 * 1024,
             shared_selector: None,
+            transport: Transport::Auto,
+            agents: Arc::new(AgentSet::default()),
         }
     }
 }
@@ -76,6 +83,11 @@ impl DeliverySettings {
         }
         if self.timeout.is_zero() {
             return Err(SettingsError("timeout must be positive".into()));
+        }
+        if self.transport == Transport::Exec && self.agents.is_empty() {
+            return Err(SettingsError(
+                "the delivery transport exec needs an agent (context-agent-x86_64 or context-agent-aarch64) in the agent directory".into(),
+            ));
         }
         Ok(())
     }
@@ -252,7 +264,8 @@ impl DeliveryService {
         // The same script serves every sandbox of the request. The workload
         // name and the run id, the caller's values, hold only valid ones:
         // any refused value is the service's own.
-        let script = render_deliver(&request)
+        let script = self
+            .render(&request)
             .map_err(|e| DeliveryError::Internal(format!("rendering the deliver script: {e}")))?;
         let run_key = (
             owner.to_owned(),
@@ -426,6 +439,26 @@ impl DeliveryService {
             .collect())
     }
 
+    /// The deliver script, behind the agent launcher when agents are
+    /// offered.
+    fn render(&self, request: &DeliverRequest) -> Result<String, super::ScriptError> {
+        let settings = &self.inner.settings;
+        if settings.transport == Transport::Script || settings.agents.is_empty() {
+            return render_deliver(request);
+        }
+        let offer_of = |arch: &str| {
+            settings
+                .agents
+                .get(arch)
+                .map(|a| (a.sha256.clone(), a.bytes.len() as u64))
+        };
+        let offer = AgentOffer {
+            x86_64: offer_of("x86_64"),
+            aarch64: offer_of("aarch64"),
+        };
+        render_deliver_with_agent(request, &offer)
+    }
+
     async fn deliver_one(
         &self,
         member: Member,
@@ -442,6 +475,7 @@ impl DeliveryService {
             path: None,
             cached: None,
             bytes_sent: 0,
+            transport: None,
             duration_ms: 0,
             error: None,
         };
@@ -455,7 +489,14 @@ impl DeliveryService {
         };
         let flight = (member.name.clone(), scope.to_owned(), revision.to_owned());
         let _flight = inner.flights.lock(flight).await;
-        let run = session::deliver(&*inner.exec, &target, script.to_owned(), revision, payload);
+        let run = session::deliver(
+            &*inner.exec,
+            &target,
+            script.to_owned(),
+            revision,
+            payload,
+            Some(&inner.settings.agents),
+        );
         let result = tokio::time::timeout(inner.settings.timeout, run).await;
         let took = started.elapsed();
         outcome.duration_ms = took.as_millis() as u64;
@@ -463,17 +504,23 @@ impl DeliveryService {
             Ok(Ok(placed)) => {
                 let kind = if placed.cached { "cached" } else { "sent" };
                 inner.metrics.delivered(kind, placed.bytes_sent, took);
+                if placed.agent_sent {
+                    inner.metrics.agent_injected();
+                }
                 tracing::info!(
                     sandbox = %member.name,
                     revision,
                     cached = placed.cached,
                     bytes = placed.bytes_sent,
+                    transport = ?placed.transport,
+                    agent_sent = placed.agent_sent,
                     ms = outcome.duration_ms,
                     "delivered"
                 );
                 outcome.path = Some(placed.path);
                 outcome.cached = Some(placed.cached);
                 outcome.bytes_sent = placed.bytes_sent;
+                outcome.transport = Some(placed.transport);
                 None
             }
             Ok(Err(failure)) => {
@@ -498,6 +545,7 @@ impl DeliveryService {
             path: None,
             cached: None,
             bytes_sent: 0,
+            transport: None,
             duration_ms: 0,
             error: None,
         };
@@ -586,6 +634,7 @@ fn not_ready(m: Member) -> SandboxOutcome {
         path: None,
         cached: None,
         bytes_sent: 0,
+        transport: None,
         duration_ms: 0,
         error: Some(SandboxFailure::NotReady.to_string()),
     }

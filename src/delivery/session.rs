@@ -5,10 +5,13 @@
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
+use tokio::io::AsyncWriteExt;
+
+use super::agent::AgentSet;
 use super::error::SandboxFailure;
 use super::payload::{Payload, SendError};
 use super::port::{ExecError, ExecSession, ExecTarget, SandboxExec};
-use super::script::{parse_line, ScriptLine};
+use super::script::{parse_line, DeliveredBy, ScriptLine};
 use crate::workload::WorkloadError;
 
 /// Longest stdout line read; the protocol's lines are far shorter.
@@ -23,6 +26,10 @@ pub(super) struct Placed {
     pub(super) cached: bool,
     /// Bundle bytes written.
     pub(super) bytes_sent: u64,
+    /// What delivered.
+    pub(super) transport: DeliveredBy,
+    /// Whether the agent was sent (injected) during this delivery.
+    pub(super) agent_sent: bool,
 }
 
 /// Why a delivery or release in one sandbox failed, with every cause (the
@@ -152,33 +159,56 @@ async fn no_output(session: ExecSession, after: &str) -> Failure {
     }
 }
 
-/// Runs the rendered deliver `script` in `target`, sending `payload` when
-/// the script asks for it, and checks the result names `revision`.
+/// Runs the rendered deliver `script` in `target`, sending an agent of
+/// `agents` when the launcher asks for one and `payload` when the script
+/// (or the agent) asks for it, and checks the result names `revision`.
 pub(super) async fn deliver(
     exec: &dyn SandboxExec,
     target: &ExecTarget,
     script: String,
     revision: &str,
     payload: &Payload,
+    agents: Option<&AgentSet>,
 ) -> Result<Placed, Failure> {
     let (mut session, mut out) = start(exec, target, script).await?;
-    let mut first = parse(next_line(&mut out).await?, "NEED")?;
-    if let Some(ScriptLine::Resend(reason)) = &first {
-        // Bytes are about to go out again where a cache hit was possible:
-        // say why, or repeated transfers look like a cache that never works.
-        tracing::warn!(
-            sandbox = %target.sandbox,
-            revision,
-            reason = %reason,
-            "the sandbox's cache dir failed its check; sending the bundle again"
-        );
-        first = parse(next_line(&mut out).await?, "NEED")?;
-    }
-    let need = match first {
-        Some(ScriptLine::Need(n)) => n,
-        Some(ScriptLine::Error { code, reason }) => return Err(Failure::Script { code, reason }),
-        Some(other) => return Err(Failure::Protocol(format!("expected NEED, got {other:?}"))),
-        None => return Err(no_output(session, "before NEED").await),
+    // A plain script says nothing about its transport.
+    let mut transport = DeliveredBy::Script;
+    let mut agent_sent = false;
+    let need = loop {
+        match parse(next_line(&mut out).await?, "NEED")? {
+            Some(ScriptLine::Need(n)) => break n,
+            Some(ScriptLine::Agent(arch)) if !agent_sent => {
+                let agent = agents.and_then(|a| a.get(&arch)).ok_or_else(|| {
+                    Failure::Protocol(format!(
+                        "the launcher asked for an agent for {arch:?}, which was not offered"
+                    ))
+                })?;
+                if let Err(e) = session.stdin.write_all(&agent.bytes).await {
+                    // The launcher falls back to the script, or says why
+                    // it stopped; either way the next lines tell.
+                    tracing::debug!(sandbox = %target.sandbox, error = %e, "sending the agent");
+                }
+                let _ = session.stdin.flush().await;
+                agent_sent = true;
+            }
+            Some(ScriptLine::Resend(reason)) => {
+                // Bytes are about to go out again where a cache hit was
+                // possible: say why, or repeated transfers look like a
+                // cache that never works.
+                tracing::warn!(
+                    sandbox = %target.sandbox,
+                    revision,
+                    reason = %reason,
+                    "the sandbox's cache dir failed its check; sending the bundle again"
+                );
+            }
+            Some(ScriptLine::Transport(by)) => transport = by,
+            Some(ScriptLine::Error { code, reason }) => {
+                return Err(Failure::Script { code, reason })
+            }
+            Some(other) => return Err(Failure::Protocol(format!("expected NEED, got {other:?}"))),
+            None => return Err(no_output(session, "before NEED").await),
+        }
     };
     let mut write_error = None;
     if need > 0 {
@@ -217,6 +247,8 @@ pub(super) async fn deliver(
                 path,
                 cached,
                 bytes_sent,
+                transport,
+                agent_sent,
             })
         }
         Some(ScriptLine::Error { code, reason }) => Err(script_error(session, code, reason).await),

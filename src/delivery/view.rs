@@ -20,6 +20,10 @@ pub struct SandboxOutcome {
     pub cached: Option<bool>,
     /// Bundle bytes written to the sandbox.
     pub bytes_sent: u64,
+    /// What delivered, on success: `agent` (the injected `context-agent`)
+    /// or `script` (the POSIX `sh` fallback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<super::DeliveredBy>,
     /// How long this sandbox took, including waiting for a concurrent
     /// delivery of the same revision.
     pub duration_ms: u64,

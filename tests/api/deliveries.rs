@@ -2,7 +2,9 @@
 //! `sh` in real sandbox directories. Transfers, cache hits, sharing and
 //! release, corruption and tampering, hostile values, owner isolation
 //! (also in shared sandboxes), single-flight, disk full, pools, scopes,
-//! delegation, restarts and metrics.
+//! delegation, restarts and metrics. Every test runs twice (see
+//! `both_transports!`): through the script, and through the injected agent
+//! (built by `tests/common/agent.rs`); the agent-only cases come last.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -17,6 +19,7 @@ use context_service::delivery::{ExecError, ExecSession, ExecTarget, SandboxExec}
 use serde_json::{json, Value};
 use tokio::io::AsyncWrite;
 
+use crate::common::agent::agent;
 use crate::common::process::{fresh_client, Process};
 use crate::common::workload_bundles::{noise, tgz};
 use crate::common::{assert_error, Caller, TestServer};
@@ -29,7 +32,12 @@ use crate::common::{assert_error, Caller, TestServer};
 struct Probe {
     execs: AtomicUsize,
     corrupt: AtomicBool,
+    /// Stdin bytes to pass before the flipped byte at offset 100 (the
+    /// agent travels first on its first delivery).
+    corrupt_skip: std::sync::atomic::AtomicU64,
     replace: std::sync::Mutex<Option<String>>,
+    /// Put before every `sh -c` command (e.g. a fake `uname`).
+    prefix: std::sync::Mutex<Option<String>>,
     /// Holds every exec this long before it starts (a slow sandbox).
     delay: std::sync::Mutex<Option<Duration>>,
 }
@@ -48,16 +56,19 @@ impl SandboxExec for Probed {
             tokio::time::sleep(delay).await;
         }
         let replaced = self.probe.replace.lock().unwrap().clone();
-        let argv = match replaced {
+        let mut argv = match replaced {
             Some(script) => vec!["sh".to_owned(), "-c".to_owned(), script],
             None => argv.to_vec(),
         };
+        if let Some(prefix) = self.probe.prefix.lock().unwrap().clone() {
+            argv[2] = format!("{prefix}\n{}", argv[2]);
+        }
         let mut session = self.inner.exec(target, &argv).await?;
         if self.probe.corrupt.load(Ordering::SeqCst) {
             let stdin = std::mem::replace(&mut session.stdin, Box::new(tokio::io::sink()));
             session.stdin = Box::new(Flip {
                 inner: stdin,
-                at: 100,
+                at: 100 + self.probe.corrupt_skip.load(Ordering::SeqCst),
                 pos: 0,
             });
         }
@@ -108,11 +119,58 @@ struct Fixture {
     server: TestServer,
     probe: Arc<Probe>,
     alice: Caller,
+    via: Via,
+}
+
+/// Which transport a test's deliveries use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// `--delivery-transport=script`.
+    Script,
+    /// `--delivery-transport=exec` with the built agent.
+    Agent,
+}
+
+impl Via {
+    /// Sets the transport (after which the test's own `adjust` runs).
+    fn configure(self, c: &mut ServeConfig) {
+        match self {
+            Via::Script => c.delivery_transport = "script".into(),
+            Via::Agent => {
+                c.delivery_transport = "exec".into();
+                c.delivery_agent_dir = Some(agent().dir.clone());
+            }
+        }
+    }
+
+    /// The `transport` a successful outcome reports.
+    fn word(self) -> &'static str {
+        match self {
+            Via::Script => "script",
+            Via::Agent => "agent",
+        }
+    }
+}
+
+/// Declares `mod NAME { script, agent }` tests calling `NAME(Via)`.
+macro_rules! both_transports {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn script() {
+                super::$name(super::Via::Script).await;
+            }
+            #[tokio::test]
+            async fn agent() {
+                super::$name(super::Via::Agent).await;
+            }
+        }
+    )*};
 }
 
 impl Fixture {
     /// A fresh server with settings from `adjust`.
-    async fn start(adjust: impl FnOnce(&mut ServeConfig)) -> Self {
+    async fn start(via: Via, adjust: impl FnOnce(&mut ServeConfig)) -> Self {
         let probe = Arc::new(Probe::default());
         let p = probe.clone();
         let options = BuildOptions {
@@ -124,12 +182,17 @@ impl Fixture {
             })),
             ..BuildOptions::default()
         };
-        let server = TestServer::start_with_options(adjust, options).await;
+        let configure = move |c: &mut ServeConfig| {
+            via.configure(c);
+            adjust(c);
+        };
+        let server = TestServer::start_with_options(configure, options).await;
         let alice = Caller::user(&server, "alice");
         Fixture {
             server,
             probe,
             alice,
+            via,
         }
     }
 
@@ -137,11 +200,12 @@ impl Fixture {
     /// activated, and her pool `p` of one sandbox (`sandbox-p-0`); returns
     /// the fixture with the bundle's size and revision.
     async fn ready(
+        via: Via,
         adjust: impl FnOnce(&mut ServeConfig),
         name: &str,
         files: &[(&str, &[u8])],
     ) -> (Self, u64, String) {
-        let f = Self::start(adjust).await;
+        let f = Self::start(via, adjust).await;
         let (len, revision) = ready_workload(&f.server, "alice", name, files).await;
         pool(&f.alice, "p", 1).await;
         (f, len, revision)
@@ -222,9 +286,25 @@ const FILES: &[(&str, &[u8])] = &[
 
 // --- tests ---
 
-#[tokio::test]
-async fn send_once_then_hit_share_release_and_metrics() {
-    let (f, len, revision) = Fixture::ready(|_| {}, "docs", FILES).await;
+both_transports!(
+    send_once_then_hit_share_release_and_metrics,
+    downloads_and_delivery_reads_are_counted_apart,
+    a_corrupted_transfer_is_refused_and_nothing_is_published,
+    a_tampered_cache_dir_is_detected_and_delivered_again,
+    hostile_values_are_refused_before_any_exec,
+    owners_are_isolated_also_in_shared_sandboxes,
+    concurrent_runs_of_one_revision_make_one_transfer,
+    disk_full_in_the_sandbox_fails_clearly_and_leaves_no_staging_dir,
+    pool_wide_delivery_and_partial_failure,
+    workload_state_scopes_and_delegation,
+    runs_survive_a_restart,
+    broken_sandboxes_time_out_or_break_the_protocol_without_leaking,
+    bundles_outside_the_cache_are_read_from_disk_or_streamed,
+    deliveries_are_bounded_by_the_delivery_timeout_not_the_request_deadline,
+);
+
+async fn send_once_then_hit_share_release_and_metrics(via: Via) {
+    let (f, len, revision) = Fixture::ready(via, |_| {}, "docs", FILES).await;
     let Fixture { server, alice, .. } = &f;
 
     let first = json(
@@ -244,6 +324,7 @@ async fn send_once_then_hit_share_release_and_metrics() {
     assert_eq!(d["pod"], Value::Null);
     assert_eq!(d["cached"], false);
     assert_eq!(d["bytesSent"], len);
+    assert_eq!(d["transport"], via.word());
     assert!(d["durationMs"].is_u64());
     assert!(d.get("error").is_none());
     let path1 = PathBuf::from(d["path"].as_str().unwrap());
@@ -275,9 +356,16 @@ async fn send_once_then_hit_share_release_and_metrics() {
         (d["cached"].clone(), d["bytesSent"].clone()),
         (json!(true), json!(0))
     );
+    assert_eq!(d["transport"], via.word());
     let path2 = PathBuf::from(d["path"].as_str().unwrap());
     // Both runs share one cache dir.
-    let cache = root_of(server, "sandbox-p-0").join("cache");
+    let root = root_of(server, "sandbox-p-0");
+    assert_eq!(
+        root.join("bin").exists(),
+        via == Via::Agent,
+        "the agent is kept"
+    );
+    let cache = root.join("cache");
     let dirs: Vec<String> = names_in(&cache);
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     assert!(dirs[0].ends_with(&format!("-{revision}")), "{dirs:?}");
@@ -344,9 +432,8 @@ async fn send_once_then_hit_share_release_and_metrics() {
 
 /// A download and a delivery read the same cached bundle: each is counted
 /// by its own counter, and the cache's counters see one load and one hit.
-#[tokio::test]
-async fn downloads_and_delivery_reads_are_counted_apart() {
-    let (f, len, revision) = Fixture::ready(|_| {}, "w", FILES).await;
+async fn downloads_and_delivery_reads_are_counted_apart(via: Via) {
+    let (f, len, revision) = Fixture::ready(via, |_| {}, "w", FILES).await;
     let Fixture { server, alice, .. } = &f;
     let lines = || async {
         let text = Caller::anonymous(server)
@@ -395,16 +482,21 @@ async fn downloads_and_delivery_reads_are_counted_apart() {
     );
 }
 
-#[tokio::test]
-async fn a_corrupted_transfer_is_refused_and_nothing_is_published() {
+async fn a_corrupted_transfer_is_refused_and_nothing_is_published(via: Via) {
     let big = noise(300_000, 7);
-    let (f, _, revision) = Fixture::ready(|_| {}, "w", &[("blob.bin", &big)]).await;
+    let (f, _, revision) = Fixture::ready(via, |_| {}, "w", &[("blob.bin", &big)]).await;
     let Fixture {
         server,
         probe,
         alice,
+        ..
     } = &f;
 
+    if via == Via::Agent {
+        // The agent travels first: flip a bundle byte, not one of its.
+        let len = std::fs::metadata(&agent().binary).unwrap().len();
+        probe.corrupt_skip.store(len, Ordering::SeqCst);
+    }
     probe.corrupt.store(true, Ordering::SeqCst);
     let resp = deliver(alice, "w", json!({"runId": "r", "sandbox": "sandbox-p-0"})).await;
     let body = json(resp, 502).await;
@@ -437,13 +529,13 @@ async fn a_corrupted_transfer_is_refused_and_nothing_is_published() {
     )
     .await;
     assert_eq!(ok["revision"], revision.as_str());
+    assert_eq!(ok["deliveries"][0]["transport"], f.via.word());
     let path = PathBuf::from(ok["deliveries"][0]["path"].as_str().unwrap());
     assert_eq!(std::fs::read(path.join("blob.bin")).unwrap(), big);
 }
 
-#[tokio::test]
-async fn a_tampered_cache_dir_is_detected_and_delivered_again() {
-    let (f, len, _) = Fixture::ready(|_| {}, "w", FILES).await;
+async fn a_tampered_cache_dir_is_detected_and_delivered_again(via: Via) {
+    let (f, len, _) = Fixture::ready(via, |_| {}, "w", FILES).await;
     let Fixture { alice, .. } = &f;
     let first = json(
         deliver(alice, "w", json!({"runId": "a", "sandbox": "sandbox-p-0"})).await,
@@ -559,13 +651,13 @@ async fn a_resent_delivery_logs_why() {
     );
 }
 
-#[tokio::test]
-async fn hostile_values_are_refused_before_any_exec() {
-    let (f, ..) = Fixture::ready(|_| {}, "w", FILES).await;
+async fn hostile_values_are_refused_before_any_exec(via: Via) {
+    let (f, ..) = Fixture::ready(via, |_| {}, "w", FILES).await;
     let Fixture {
         server,
         probe,
         alice,
+        ..
     } = &f;
 
     const RUN_RULE: &str = "runId must match ^[a-z0-9][a-z0-9._-]{0,62}$";
@@ -641,9 +733,8 @@ async fn hostile_values_are_refused_before_any_exec() {
     );
 }
 
-#[tokio::test]
-async fn owners_are_isolated_also_in_shared_sandboxes() {
-    let Fixture { server, alice, .. } = Fixture::start(|c| {
+async fn owners_are_isolated_also_in_shared_sandboxes(via: Via) {
+    let Fixture { server, alice, .. } = Fixture::start(via, |c| {
         c.delivery_shared_selector = Some("context.rossoctl.io/pool=shared".into());
     })
     .await;
@@ -758,10 +849,9 @@ async fn owners_are_isolated_also_in_shared_sandboxes() {
     assert!(Path::new(path_p).join("README.md").is_file());
 }
 
-#[tokio::test]
-async fn concurrent_runs_of_one_revision_make_one_transfer() {
+async fn concurrent_runs_of_one_revision_make_one_transfer(via: Via) {
     let big = noise(2_000_000, 3);
-    let (f, len, _) = Fixture::ready(|_| {}, "w", &[("big.bin", &big)]).await;
+    let (f, len, _) = Fixture::ready(via, |_| {}, "w", &[("big.bin", &big)]).await;
     let Fixture { probe, alice, .. } = &f;
     let mut tasks = Vec::new();
     for i in 0..8 {
@@ -810,9 +900,8 @@ fn mount_tmpfs(dir: &Path, size: &str) -> Mount {
     Mount(dir.to_owned())
 }
 
-#[tokio::test]
-async fn disk_full_in_the_sandbox_fails_clearly_and_leaves_no_staging_dir() {
-    let Fixture { server, alice, .. } = Fixture::start(|_| {}).await;
+async fn disk_full_in_the_sandbox_fails_clearly_and_leaves_no_staging_dir(via: Via) {
+    let Fixture { server, alice, .. } = Fixture::start(via, |_| {}).await;
     let noisy = noise(1_000_000, 11);
     ready_workload(&server, "alice", "noisy", &[("big.bin", &noisy)]).await;
     // Tiny on the wire, 1 MiB inflated and again 1 MiB extracted.
@@ -850,9 +939,8 @@ async fn disk_full_in_the_sandbox_fails_clearly_and_leaves_no_staging_dir() {
     }
 }
 
-#[tokio::test]
-async fn pool_wide_delivery_and_partial_failure() {
-    let Fixture { server, alice, .. } = Fixture::start(|_| {}).await;
+async fn pool_wide_delivery_and_partial_failure(via: Via) {
+    let Fixture { server, alice, .. } = Fixture::start(via, |_| {}).await;
     let (len, revision) = ready_workload(&server, "alice", "w", FILES).await;
     pool(&alice, "trio", 3).await;
 
@@ -924,13 +1012,13 @@ async fn pool_wide_delivery_and_partial_failure() {
     }
 }
 
-#[tokio::test]
-async fn workload_state_scopes_and_delegation() {
+async fn workload_state_scopes_and_delegation(via: Via) {
     let Fixture {
         server,
         probe,
         alice,
-    } = Fixture::start(|_| {}).await;
+        ..
+    } = Fixture::start(via, |_| {}).await;
     pool(&alice, "p", 1).await;
     let body = json!({"runId": "r", "sandbox": "sandbox-p-0"});
 
@@ -1031,10 +1119,9 @@ async fn workload_state_scopes_and_delegation() {
     assert_eq!(d["revision"], new_rev.as_str());
 }
 
-#[tokio::test]
-async fn runs_survive_a_restart() {
+async fn runs_survive_a_restart(via: Via) {
     let (Fixture { server, alice, .. }, ..) =
-        Fixture::ready(|c| c.delivery_retention = 1, "w", FILES).await;
+        Fixture::ready(via, |c| c.delivery_retention = 1, "w", FILES).await;
     let d = json(
         deliver(
             &alice,
@@ -1076,10 +1163,9 @@ async fn runs_survive_a_restart() {
     assert_eq!(names_in(&cache).len(), 1);
 }
 
-#[tokio::test]
-async fn broken_sandboxes_time_out_or_break_the_protocol_without_leaking() {
+async fn broken_sandboxes_time_out_or_break_the_protocol_without_leaking(via: Via) {
     let adjust = |c: &mut ServeConfig| c.delivery_timeout = std::time::Duration::from_secs(1);
-    let (f, ..) = Fixture::ready(adjust, "w", FILES).await;
+    let (f, ..) = Fixture::ready(via, adjust, "w", FILES).await;
     let Fixture { probe, alice, .. } = &f;
     let cases = [
         ("sleep 30", "timeout: the delivery did not finish within 1s"),
@@ -1111,14 +1197,13 @@ async fn broken_sandboxes_time_out_or_break_the_protocol_without_leaking() {
     assert_eq!(list, json!({"deliveries": []}));
 }
 
-#[tokio::test]
-async fn bundles_outside_the_cache_are_read_from_disk_or_streamed() {
+async fn bundles_outside_the_cache_are_read_from_disk_or_streamed(via: Via) {
     let big = noise(400_000, 5);
     // 1 KiB cache: the bundle is read from its blob file, held under the
     // in-flight budget (1 MiB) for both sandboxes; then a budget smaller
     // than the bundle: streamed from the file to each sandbox.
     for inflight in [1 << 20, 1024] {
-        let Fixture { server, alice, .. } = Fixture::start(|c| {
+        let Fixture { server, alice, .. } = Fixture::start(via, |c| {
             c.cache_bytes = 1024;
             c.delivery_inflight_bytes = inflight;
         })
@@ -1138,10 +1223,9 @@ async fn bundles_outside_the_cache_are_read_from_disk_or_streamed() {
     }
 }
 
-#[tokio::test]
-async fn deliveries_are_bounded_by_the_delivery_timeout_not_the_request_deadline() {
+async fn deliveries_are_bounded_by_the_delivery_timeout_not_the_request_deadline(via: Via) {
     let adjust = |c: &mut ServeConfig| c.request_deadline = Duration::from_millis(500);
-    let (f, ..) = Fixture::ready(adjust, "docs", FILES).await;
+    let (f, ..) = Fixture::ready(via, adjust, "docs", FILES).await;
     let Fixture { probe, alice, .. } = &f;
     // Every exec into the sandbox takes longer than the request deadline.
     *probe.delay.lock().unwrap() = Some(Duration::from_millis(1200));
@@ -1159,4 +1243,123 @@ async fn deliveries_are_bounded_by_the_delivery_timeout_not_the_request_deadline
     assert_eq!(body["deliveries"][0]["cached"], false);
     let resp = alice.delete("/v1/workloads/docs/deliveries/slow").await;
     assert_eq!(resp.status().as_u16(), 204);
+}
+
+// --- the agent only ---
+
+async fn metric(server: &TestServer, name: &str) -> String {
+    let text = Caller::anonymous(server)
+        .get("/metrics")
+        .await
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .to_owned()
+}
+
+/// `auto` with an agent in the agent directory: sent on first use, kept at
+/// `<root>/bin/<sha256>/context-agent`, reused after; every answer says
+/// `"transport": "agent"`.
+#[tokio::test]
+async fn the_agent_is_injected_on_first_use_and_reused() {
+    let adjust = |c: &mut ServeConfig| c.delivery_transport = "auto".into();
+    let (f, len, _) = Fixture::ready(Via::Agent, adjust, "w", FILES).await;
+    let Fixture { server, alice, .. } = &f;
+    let root = root_of(server, "sandbox-p-0");
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        std::fs::read(&agent().binary).unwrap(),
+    ));
+    let bin = root.join("bin").join(&sha).join("context-agent");
+    let mut inode = None;
+    for (run, cached) in [("a", false), ("b", true)] {
+        let body = json!({"runId": run, "sandbox": "sandbox-p-0"});
+        let d = json(deliver(alice, "w", body).await, 201).await["deliveries"][0].clone();
+        assert_eq!(d["transport"], "agent");
+        assert_eq!(d["cached"], cached);
+        assert_eq!(d["bytesSent"], if cached { 0 } else { len });
+        let meta = std::fs::metadata(&bin).expect("the agent is kept in the sandbox");
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
+            0o555
+        );
+        let ino = std::os::unix::fs::MetadataExt::ino(&meta);
+        assert_eq!(*inode.get_or_insert(ino), ino, "not sent again");
+    }
+    assert_eq!(
+        metric(server, "context_service_delivery_agent_injections_total").await,
+        "context_service_delivery_agent_injections_total 1"
+    );
+    // Removed by someone in the sandbox: sent again.
+    std::fs::remove_file(&bin).unwrap();
+    let body = json!({"runId": "c", "sandbox": "sandbox-p-0"});
+    let d = json(deliver(alice, "w", body).await, 201).await["deliveries"][0].clone();
+    assert_eq!(d["transport"], "agent");
+    assert!(bin.exists());
+    assert_eq!(
+        metric(server, "context_service_delivery_agent_injections_total").await,
+        "context_service_delivery_agent_injections_total 2"
+    );
+}
+
+/// The sandbox's `uname -m` names an arch without an agent (a shell
+/// function in front of the launcher): the script delivers, and says so.
+#[tokio::test]
+async fn an_unknown_arch_is_served_by_the_script() {
+    let (f, len, _) = Fixture::ready(Via::Agent, |_| {}, "w", FILES).await;
+    let Fixture {
+        server,
+        alice,
+        probe,
+        ..
+    } = &f;
+    *probe.prefix.lock().unwrap() = Some("uname() { echo s390x; }".into());
+    let body = json!({"runId": "a", "sandbox": "sandbox-p-0"});
+    let d = json(deliver(alice, "w", body).await, 201).await["deliveries"][0].clone();
+    assert_eq!(d["transport"], "script");
+    assert_eq!(d["bytesSent"], len);
+    let root = root_of(server, "sandbox-p-0");
+    assert!(!root.join("bin").exists(), "nothing was sent");
+    // The same sandbox with its real arch: the agent, which finds the
+    // script's tree a verified hit.
+    *probe.prefix.lock().unwrap() = None;
+    let body = json!({"runId": "b", "sandbox": "sandbox-p-0"});
+    let d = json(deliver(alice, "w", body).await, 201).await["deliveries"][0].clone();
+    assert_eq!(
+        (d["transport"].clone(), d["cached"].clone()),
+        (json!("agent"), json!(true))
+    );
+}
+
+/// `exec` insists on an agent; `auto` without one uses the script.
+#[tokio::test]
+async fn the_exec_transport_needs_an_agent() {
+    let empty = tempfile::tempdir().unwrap();
+    let dir = empty.path().to_owned();
+    let err = TestServer::try_start_with(|c| {
+        c.delivery_transport = "exec".into();
+        c.delivery_agent_dir = Some(dir.clone());
+    })
+    .await
+    .err()
+    .expect("refused to start");
+    assert!(
+        format!("{err:#}").contains("the delivery transport exec needs an agent (context-agent-x86_64 or context-agent-aarch64) in the agent directory"),
+        "{err:#}"
+    );
+    let (f, _, _) = Fixture::ready(
+        Via::Script,
+        |c| {
+            c.delivery_transport = "auto".into();
+            c.delivery_agent_dir = Some(dir.clone());
+        },
+        "w",
+        FILES,
+    )
+    .await;
+    let body = json!({"runId": "a", "sandbox": "sandbox-p-0"});
+    let d = json(deliver(&f.alice, "w", body).await, 201).await["deliveries"][0].clone();
+    assert_eq!(d["transport"], "script");
 }

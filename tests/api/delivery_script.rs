@@ -4,6 +4,13 @@
 //! bundle engine. The harness reads `NEED n`, writes exactly n bytes and
 //! keeps stdin open until the script exits (kwok never closes exec stdin).
 //!
+//! Every test that runs under both shells runs a third time through the
+//! injected agent (`context-agent`, built by `tests/common/agent.rs`):
+//! the launcher before the script sends it once per sandbox and execs it,
+//! and it must give the same answers; the agent-only cases (injection,
+//! reuse, a tampered or corrupted agent, an unknown arch, a `noexec` root)
+//! follow at the end.
+//!
 //! As root the scripts run as uid 1001 / gid 0 (the shared sandboxes'
 //! user), so read-only bits mean something; the disk-full test needs root
 //! to mount a small tmpfs.
@@ -24,9 +31,12 @@ use context_service::bundle::{
     manifest_of_bundle, pack_dir, CanonicalOptions, Limits, Report, TreeManifest,
 };
 use context_service::delivery::{
-    parse_line, render_deliver, render_release, DeliverRequest, ReleaseRequest, ScriptError,
-    ScriptLine, Verify,
+    parse_line, render_deliver, render_deliver_with_agent, render_release, AgentOffer,
+    DeliverRequest, DeliveredBy, ReleaseRequest, ScriptError, ScriptLine, Verify,
 };
+use sha2::{Digest, Sha256};
+
+use crate::common::agent::agent;
 use rand::{RngCore, SeedableRng};
 
 /// The user the scripts run as when the tests run as root.
@@ -86,6 +96,49 @@ struct Shell {
     path: String,
     /// The applet-link dir for busybox (kept alive here).
     _bin: Option<tempfile::TempDir>,
+    /// The agent offered to deliveries (`None`: the plain script).
+    agent: Option<Offered>,
+}
+
+/// An agent as the gateway offers it: what it sends on `AGENT <arch>`.
+#[derive(Clone)]
+struct Offered {
+    arch: &'static str,
+    bytes: Vec<u8>,
+    sha: String,
+    /// Sends these bytes instead (a transfer that corrupts the agent),
+    /// still announcing `bytes`' digest and size.
+    send_instead: Option<Vec<u8>>,
+}
+
+impl Offered {
+    fn built() -> Offered {
+        let a = agent();
+        Self::of(a.arch, fs::read(&a.binary).expect("read the agent"))
+    }
+
+    fn of(arch: &'static str, bytes: Vec<u8>) -> Offered {
+        Offered {
+            arch,
+            sha: hex::encode(Sha256::digest(&bytes)),
+            bytes,
+            send_instead: None,
+        }
+    }
+
+    fn offer(&self) -> AgentOffer {
+        let mine = Some((self.sha.clone(), self.bytes.len() as u64));
+        match self.arch {
+            "x86_64" => AgentOffer {
+                x86_64: mine,
+                aarch64: None,
+            },
+            _ => AgentOffer {
+                x86_64: None,
+                aarch64: mine,
+            },
+        }
+    }
 }
 
 impl Shell {
@@ -102,7 +155,31 @@ impl Shell {
             sh,
             path: "/usr/local/bin:/usr/bin:/bin".into(),
             _bin: None,
+            agent: None,
         }
+    }
+
+    /// `dash` and the system's tools, with the agent offered: the launcher
+    /// injects it and it delivers.
+    fn agent() -> Shell {
+        Shell {
+            name: "agent",
+            agent: Some(Offered::built()),
+            ..Shell::dash()
+        }
+    }
+
+    /// Like [`Shell::agent`], with `offered` as the agent.
+    fn offering(offered: Offered) -> Shell {
+        Shell {
+            agent: Some(offered),
+            ..Shell::agent()
+        }
+    }
+
+    /// Whether deliveries should come from the agent.
+    fn expects_agent(&self) -> bool {
+        self.agent.is_some()
     }
 
     /// busybox `sh` with a PATH of busybox applet links only.
@@ -149,6 +226,7 @@ impl Shell {
             sh: bin.path().join("sh"),
             path: bin.path().display().to_string(),
             _bin: Some(bin),
+            agent: None,
         }
     }
 }
@@ -306,12 +384,17 @@ fn release_request(
 // ---------------------------------------------------------------------------
 // Driving a script like the gateway
 
-/// What one exec printed and how it ended.
+/// What one exec printed and how it ended. `lines` are the script's
+/// protocol (`NEED`, the result); the launcher's lines are kept apart.
 struct Run {
     /// The reason of a leading `RESEND` line (kept apart from `lines`, so
     /// the protocol's shape checks stay as they are).
     resend: Option<String>,
     lines: Vec<ScriptLine>,
+    /// `TRANSPORT …`, when the launcher ran.
+    transport: Option<DeliveredBy>,
+    /// Whether the launcher asked for the agent (`AGENT <arch>`).
+    agent_sent: bool,
     status: ExitStatus,
     stderr: String,
     elapsed: Duration,
@@ -423,6 +506,7 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
     let mut writer = None;
     let mut resend = None;
     let mut lines = Vec::new();
+    let (mut transport, mut agent_sent) = (None, false);
     let mut reader = BufReader::new(stdout);
     loop {
         let mut line = String::new();
@@ -437,6 +521,26 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
                 resend = Some(reason.clone());
                 continue;
             }
+        }
+        match &parsed {
+            ScriptLine::Transport(by) => {
+                transport = Some(*by);
+                continue;
+            }
+            ScriptLine::Agent(arch) => {
+                let offered = shell
+                    .agent
+                    .as_ref()
+                    .expect("an agent asked for, none offered");
+                assert_eq!(arch, offered.arch);
+                let bytes = offered.send_instead.as_ref().unwrap_or(&offered.bytes);
+                let sink = stdin.as_mut().expect("stdin");
+                sink.write_all(bytes).expect("send the agent");
+                sink.flush().expect("flush");
+                agent_sent = true;
+                continue;
+            }
+            _ => {}
         }
         if let ScriptLine::Need(n) = parsed {
             if n > 0 {
@@ -468,15 +572,38 @@ fn exec(shell: &Shell, script: &str, cwd: &Path, payload: &[u8], close_after: bo
     Run {
         resend,
         lines,
+        transport,
+        agent_sent,
         status,
         stderr,
         elapsed,
     }
 }
 
+/// What the gateway would run for `req` with this shell's offer.
+fn script_for(shell: &Shell, req: &DeliverRequest) -> String {
+    match &shell.agent {
+        Some(offered) => render_deliver_with_agent(req, &offered.offer()).expect("render"),
+        None => render_deliver(req).expect("render"),
+    }
+}
+
+/// Delivers `req`; with an agent offered, checks the agent delivered.
 fn deliver(shell: &Shell, sb: &Sandbox, req: &DeliverRequest, payload: &[u8]) -> Run {
-    let script = render_deliver(req).expect("render");
-    exec(shell, &script, sb.dir.path(), payload, false)
+    let run = exec(
+        shell,
+        &script_for(shell, req),
+        sb.dir.path(),
+        payload,
+        false,
+    );
+    let want = shell.expects_agent().then_some(DeliveredBy::Agent);
+    assert_eq!(
+        run.transport, want,
+        "{}: transport\n{}",
+        shell.name, run.stderr
+    );
+    run
 }
 
 fn release(shell: &Shell, sb: &Sandbox, req: &ReleaseRequest) -> Run {
@@ -502,7 +629,8 @@ fn tamper(dir: &Path, file: Option<&Path>, f: impl FnOnce()) {
     }
 }
 
-/// Declares `mod NAME { dash, busybox }` tests calling `NAME(&Shell)`.
+/// Declares `mod NAME { dash, busybox, agent }` tests calling
+/// `NAME(&Shell)`.
 macro_rules! both_shells {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -513,6 +641,10 @@ macro_rules! both_shells {
             #[test]
             fn busybox() {
                 super::$name(&super::Shell::busybox());
+            }
+            #[test]
+            fn agent() {
+                super::$name(&super::Shell::agent());
             }
         }
     )*};
@@ -722,7 +854,7 @@ fn short_transfer_is_refused(sh: &Shell) {
     let b = bundle(&[("a.txt", &noise(50_000, 2))]);
     let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
     let cut = &b.bytes[..b.bytes.len() - 10];
-    let run = exec(sh, &render_deliver(&req).unwrap(), sb.dir.path(), cut, true);
+    let run = exec(sh, &script_for(sh, &req), sb.dir.path(), cut, true);
     let (code, reason) = run.error();
     assert_eq!(code, "short_transfer");
     assert_eq!(
@@ -1034,15 +1166,10 @@ fn concurrent_deliveries_transfer_once(sh: &Shell) {
     let sb = Sandbox::new();
     let b = bundle(&[("big.bin", &noise(2 << 20, 3)), ("s.txt", b"s")]);
     let script = |i: usize| {
-        render_deliver(&request(
-            &sb,
-            SCOPE_A,
-            "wl",
-            &format!("run-{i}"),
-            &b,
-            Verify::Default,
-        ))
-        .unwrap()
+        script_for(
+            sh,
+            &request(&sb, SCOPE_A, "wl", &format!("run-{i}"), &b, Verify::Default),
+        )
     };
     let scripts: Vec<String> = (0..8).map(script).collect();
     let barrier = Barrier::new(8);
@@ -1087,8 +1214,12 @@ fn disk_full(sh: &Shell) {
     let sb = Sandbox::new();
     let mnt = sb.dir.path().join("small");
     fs::create_dir(&mnt).unwrap();
+    // With an agent, room for it too: it is sent before the first delivery.
+    let agent_kib = sh.agent.as_ref().map_or(0, |a| a.bytes.len() / 1024 + 64);
     let out = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs"])
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size={}k,mode=0755", 2048 + agent_kib))
+        .arg("tmpfs")
         .arg(&mnt)
         .output()
         .expect("run mount");
@@ -1100,8 +1231,18 @@ fn disk_full(sh: &Shell) {
     let _mount = Mount(mnt.clone());
     sb.give_to_sandbox_user(&mnt);
     let root = mnt.join("ctx");
+    if sh.expects_agent() {
+        let tiny = bundle(&[("t", b"t")]);
+        let mut req = request(&sb, SCOPE_A, "wl", "r0", &tiny, Verify::Default);
+        req.root = root.display().to_string();
+        assert!(deliver(sh, &sb, &req, &tiny.bytes).agent_sent);
+        let mut rel = release_request(&sb, SCOPE_A, "wl", "r0", 0);
+        rel.root = req.root.clone();
+        assert!(release(sh, &sb, &rel).released());
+    }
 
-    // 3 MiB of noise cannot fit: refused before a byte is sent.
+    // 3 MiB of noise cannot fit: refused before a byte is sent. The script
+    // keeps the bundle and its tar side by side; the agent only the tree.
     let big = bundle(&[("noise.bin", &noise(3 << 20, 4))]);
     let mut req = request(&sb, SCOPE_A, "wl", "r1", &big, Verify::Default);
     req.root = root.display().to_string();
@@ -1109,10 +1250,12 @@ fn disk_full(sh: &Shell) {
     assert_eq!(run.lines.len(), 1, "no NEED: {:?}", run.lines);
     let (code, reason) = run.error();
     assert_eq!(code, "disk_full");
-    let want = format!(
-        "the delivery needs at least {} bytes, ",
+    let needs = if sh.expects_agent() {
+        big.report.inflated_bytes
+    } else {
         big.report.bundle_bytes + big.report.inflated_bytes
-    );
+    };
+    let want = format!("the delivery needs at least {needs} bytes, ");
     assert!(
         reason.starts_with(&want)
             && reason.ends_with(&format!(" are available under {}", req.root)),
@@ -1249,14 +1392,32 @@ fn killed_mid_transfer(sh: &Shell) {
     let sb = Sandbox::new();
     let b = bundle(&[("big.bin", &noise(1 << 20, 5))]);
     let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
-    let mut child = command(sh, &render_deliver(&req).unwrap(), sb.dir.path())
+    if sh.expects_agent() {
+        // The agent in place first, so the kill hits the agent itself.
+        let warm = request(
+            &sb,
+            SCOPE_A,
+            "wl",
+            "warm",
+            &bundle(&[("w", b"w")]),
+            Verify::Default,
+        );
+        let small = bundle(&[("w", b"w")]);
+        deliver(sh, &sb, &warm, &small.bytes).done();
+    }
+    let mut child = command(sh, &script_for(sh, &req), sb.dir.path())
         .spawn()
         .expect("spawn");
     let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut first = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("read NEED");
+    loop {
+        first.clear();
+        out.read_line(&mut first).expect("read NEED");
+        if !first.starts_with("TRANSPORT ") {
+            break;
+        }
+    }
     assert_eq!(
         parse_line(&first),
         Ok(ScriptLine::Need(b.report.bundle_bytes))
@@ -1264,9 +1425,16 @@ fn killed_mid_transfer(sh: &Shell) {
     stdin
         .write_all(&b.bytes[..b.bytes.len() / 2])
         .expect("write half");
+    // The script keeps the bundle in the staging dir; the agent extracts
+    // as the bytes come (the launcher execs it: the same pid).
     let staging = sb.root.join(format!("cache/.staging.{}", child.id()));
+    let busy = if sh.expects_agent() {
+        staging.join("tree/big.bin")
+    } else {
+        staging.join("bundle.gz")
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !staging.join("bundle.gz").exists() {
+    while !busy.exists() {
         assert!(Instant::now() < deadline, "the staging dir never appeared");
         thread::sleep(Duration::from_millis(10));
     }
@@ -1282,7 +1450,7 @@ fn killed_mid_transfer(sh: &Shell) {
     let run = deliver(sh, &sb, &req, &b.bytes);
     assert!(!run.done().1);
     sb.assert_no_staging();
-    assert_eq!(sb.cache_entries().len(), 1);
+    assert!(sb.cache_dir(SCOPE_A, &b).exists());
 }
 
 fn run_conflict_and_retry(sh: &Shell) {
@@ -1345,8 +1513,7 @@ fn relative_root(sh: &Shell) {
     let odd = sb.dir.path().join("a \"b");
     fs::create_dir(&odd).unwrap();
     sb.give_to_sandbox_user(&odd);
-    let script = render_deliver(&req).expect("render");
-    let run = exec(sh, &script, &odd, &b.bytes, false);
+    let run = exec(sh, &script_for(sh, &req), &odd, &b.bytes, false);
     assert_eq!(
         run.error(),
         (
@@ -1594,4 +1761,492 @@ fn measure_64_mib() {
         warm[4],
         full.elapsed
     );
+}
+
+// ---------------------------------------------------------------------------
+// The agent only: injection, reuse, tampering, fallbacks, interplay
+
+/// Where the launcher keeps `offered` in `sb`.
+fn installed(sb: &Sandbox, offered: &Offered) -> PathBuf {
+    sb.root.join("bin").join(&offered.sha).join("context-agent")
+}
+
+#[test]
+fn the_agent_is_injected_once_and_reused() {
+    let sh = Shell::agent();
+    let offered = sh.agent.clone().unwrap();
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", b"a")]);
+    let first = deliver(
+        &sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default),
+        &b.bytes,
+    );
+    assert!(first.agent_sent, "sent on first use");
+    assert!(!first.done().1);
+    let bin = installed(&sb, &offered);
+    let meta = fs::metadata(&bin).expect("the agent is kept");
+    assert_eq!(meta.mode() & 0o7777, 0o555);
+    assert_eq!(fs::read(&bin).unwrap(), offered.bytes);
+    let bin_dir = sb.root.join("bin");
+    assert_eq!(
+        names(&bin_dir),
+        vec![offered.sha.clone()],
+        "no stray upload left"
+    );
+
+    // Later deliveries (a hit, a miss, a release) run the same file.
+    let second = deliver(
+        &sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "r2", &b, Verify::Full),
+        &[],
+    );
+    assert!(!second.agent_sent, "not sent again");
+    assert!(second.done().1);
+    let other = bundle(&[("b.txt", b"b")]);
+    let third = deliver(
+        &sh,
+        &sb,
+        &request(&sb, SCOPE_B, "wl", "r3", &other, Verify::Default),
+        &other.bytes,
+    );
+    assert!(!third.agent_sent);
+    assert!(!third.done().1);
+    let again = fs::metadata(&bin).unwrap();
+    assert_eq!(
+        (again.ino(), again.mtime()),
+        (meta.ino(), meta.mtime()),
+        "the same file"
+    );
+}
+
+#[test]
+fn a_tampered_or_missing_agent_is_sent_again() {
+    let sh = Shell::agent();
+    let offered = sh.agent.clone().unwrap();
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", b"a")]);
+    let mut n = 0;
+    let mut run = || {
+        n += 1;
+        deliver(
+            &sh,
+            &sb,
+            &request(&sb, SCOPE_A, "wl", &format!("r{n}"), &b, Verify::Default),
+            &b.bytes,
+        )
+    };
+    assert!(run().agent_sent);
+    let bin = installed(&sb, &offered);
+    // Same size, one byte changed: only the digest can tell.
+    tamper(bin.parent().unwrap(), Some(&bin), || {
+        let mut bytes = fs::read(&bin).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        fs::write(&bin, &bytes).unwrap();
+    });
+    let r = run();
+    assert!(r.agent_sent, "a tampered agent is replaced\n{}", r.stderr);
+    r.done();
+    assert_eq!(fs::read(&bin).unwrap(), offered.bytes);
+    assert_eq!(fs::metadata(&bin).unwrap().mode() & 0o7777, 0o555);
+    // A missing one, and a symlink in its place, too.
+    tamper(bin.parent().unwrap(), None, || {
+        fs::remove_file(&bin).unwrap();
+    });
+    assert!(run().agent_sent);
+    tamper(bin.parent().unwrap(), None, || {
+        fs::remove_file(&bin).unwrap();
+        symlink(&agent().binary, &bin).unwrap();
+    });
+    assert!(run().agent_sent, "a symlink is not the agent");
+    assert!(!fs::symlink_metadata(&bin).unwrap().file_type().is_symlink());
+    assert!(!run().agent_sent);
+}
+
+/// An agent that arrives damaged is dropped before it is made executable
+/// or run; the script delivers, and the bundle bytes after it are intact.
+#[test]
+fn a_corrupted_agent_transfer_falls_back_to_the_script() {
+    let mut offered = Offered::built();
+    let mut bad = offered.bytes.clone();
+    bad[1000] ^= 0x01;
+    offered.send_instead = Some(bad);
+    let sh = Shell::offering(offered.clone());
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", &noise(10_000, 7))]);
+    let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
+    let run = exec(&sh, &script_for(&sh, &req), sb.dir.path(), &b.bytes, false);
+    assert!(run.agent_sent);
+    assert_eq!(run.transport, Some(DeliveredBy::Script), "{}", run.stderr);
+    assert!(!run.done().1);
+    assert!(
+        run.stderr.contains("the agent did not arrive intact"),
+        "{}",
+        run.stderr
+    );
+    assert!(!installed(&sb, &offered).exists());
+    assert!(names(&sb.root.join("bin")).is_empty(), "nothing kept");
+}
+
+/// `uname -m` names an arch the gateway has no agent for (a fake `uname`
+/// first on PATH): the script delivers, nothing is sent or kept.
+#[test]
+fn an_unknown_arch_falls_back_to_the_script() {
+    let fake = tempfile::tempdir().unwrap();
+    let uname = fake.path().join("uname");
+    fs::write(&uname, "#!/bin/sh\necho riscv64\n").unwrap();
+    fs::set_permissions(&uname, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(fake.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let mut sh = Shell::agent();
+    sh.path = format!("{}:{}", fake.path().display(), sh.path);
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", b"a")]);
+    let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
+    let run = exec(&sh, &script_for(&sh, &req), sb.dir.path(), &b.bytes, false);
+    assert!(!run.agent_sent);
+    assert_eq!(run.transport, Some(DeliveredBy::Script));
+    assert!(!run.done().1);
+    assert!(!sb.root.join("bin").exists());
+}
+
+/// A binary this kernel cannot run (offered for this arch, but not an
+/// executable at all) is kept — it is what the gateway sent — but its
+/// probe fails, so the script delivers, every time, without sending again.
+#[test]
+fn an_agent_that_cannot_run_falls_back_to_the_script() {
+    let offered = Offered::of(agent().arch, noise(4096, 11));
+    let sh = Shell::offering(offered);
+    let sb = Sandbox::new();
+    let b = bundle(&[("a.txt", b"a")]);
+    for (i, sent) in [(1, true), (2, false)] {
+        let req = request(&sb, SCOPE_A, "wl", &format!("r{i}"), &b, Verify::Default);
+        let run = exec(&sh, &script_for(&sh, &req), sb.dir.path(), &b.bytes, false);
+        assert_eq!(run.agent_sent, sent);
+        assert_eq!(run.transport, Some(DeliveredBy::Script), "{}", run.stderr);
+        assert!(
+            run.stderr.contains("the agent cannot run here"),
+            "{}",
+            run.stderr
+        );
+        run.done();
+    }
+}
+
+/// A root on a filesystem mounted `noexec`: the agent is sent and kept,
+/// cannot be executed (126), and the script delivers.
+#[test]
+fn a_noexec_root_falls_back_to_the_script() {
+    assert!(
+        is_root(),
+        "the noexec test mounts a tmpfs and must run as root"
+    );
+    let sh = Shell::agent();
+    let sb = Sandbox::new();
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m,mode=0755,noexec", "tmpfs"])
+        .arg(sb.dir.path())
+        .output()
+        .expect("run mount");
+    assert!(
+        out.status.success(),
+        "cannot mount a noexec tmpfs (needs root with CAP_SYS_ADMIN): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _mount = Mount(sb.dir.path().to_owned());
+    sb.give_to_sandbox_user(sb.dir.path());
+    let b = bundle(&[("a.txt", b"a"), ("run.sh", b"#!/bin/sh\n")]);
+    for (i, sent) in [(1, true), (2, false)] {
+        let req = request(&sb, SCOPE_A, "wl", &format!("r{i}"), &b, Verify::Default);
+        let run = exec(&sh, &script_for(&sh, &req), sb.dir.path(), &b.bytes, false);
+        assert_eq!(run.agent_sent, sent);
+        assert_eq!(run.transport, Some(DeliveredBy::Script), "{}", run.stderr);
+        assert!(run.stderr.contains("exit 126"), "{}", run.stderr);
+        assert_eq!(run.done().1, i == 2);
+    }
+}
+
+/// Agent and script share one sandbox: each finds the other's published
+/// tree as a verified hit, and one release (the script's) undoes both.
+#[test]
+fn agent_and_script_interoperate() {
+    let agent_sh = Shell::agent();
+    let script_sh = Shell::busybox();
+    let sb = Sandbox::new();
+    let b = bundle_exec(&[
+        ("bin/x", b"#!/bin/sh\n", true),
+        ("d/e/f.txt", b"f", false),
+        (".h", b"h", false),
+    ]);
+    let by_script = deliver(
+        &script_sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "s1", &b, Verify::Full),
+        &b.bytes,
+    );
+    assert!(!by_script.done().1);
+    let hit = deliver(
+        &agent_sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "a1", &b, Verify::Full),
+        &[],
+    );
+    assert!(
+        hit.done().1,
+        "the agent verifies the script's tree\n{}",
+        hit.stderr
+    );
+
+    let other = bundle_exec(&[("bin/y", b"y", true), ("z", b"z", false)]);
+    let by_agent = deliver(
+        &agent_sh,
+        &sb,
+        &request(&sb, SCOPE_B, "wl", "a2", &other, Verify::Full),
+        &other.bytes,
+    );
+    assert!(!by_agent.done().1);
+    let hit = deliver(
+        &script_sh,
+        &sb,
+        &request(&sb, SCOPE_B, "wl", "s2", &other, Verify::Full),
+        &[],
+    );
+    assert!(
+        hit.done().1,
+        "the script verifies the agent's tree\n{}",
+        hit.stderr
+    );
+
+    for (scope, run) in [
+        (SCOPE_A, "s1"),
+        (SCOPE_A, "a1"),
+        (SCOPE_B, "a2"),
+        (SCOPE_B, "s2"),
+    ] {
+        assert!(release(&script_sh, &sb, &release_request(&sb, scope, "wl", run, 0)).released());
+    }
+    assert!(sb.cache_entries().is_empty());
+    sb.assert_no_staging();
+}
+
+/// Not a pass/fail check: the script and the agent side by side on the
+/// same 64 MiB bundle (cold), printed with their ratio. For the static
+/// release agent: `cargo build -p context-agent --profile agent --target
+/// x86_64-unknown-linux-musl`, then run this test with
+/// `CONTEXT_SERVICE_TEST_AGENT=<target>/x86_64-unknown-linux-musl/agent/context-agent`.
+#[test]
+fn measure_64_mib_agent_vs_script() {
+    let chunk = 1 << 20;
+    let data = noise(64 * chunk, 9);
+    let files: Vec<(String, &[u8])> = data
+        .chunks(chunk)
+        .enumerate()
+        .map(|(i, c)| (format!("part{i:02}.bin"), c))
+        .collect();
+    let files: Vec<(&str, &[u8])> = files.iter().map(|(p, d)| (p.as_str(), *d)).collect();
+    let b = bundle(&files);
+    let mut cold = Vec::new();
+    let mut injection = None;
+    for sh in [Shell::dash(), Shell::agent()] {
+        let sb = Sandbox::new();
+        if sh.expects_agent() {
+            // A small cold delivery that injects the agent, then another
+            // (of other bytes) with the agent present: the cost of injection.
+            let tiny = |i: u64| bundle(&[("t", &noise(1000, i))]);
+            let (first, second) = (tiny(1), tiny(2));
+            let with = deliver(
+                &sh,
+                &sb,
+                &request(&sb, SCOPE_A, "wl", "i1", &first, Verify::Default),
+                &first.bytes,
+            );
+            assert!(with.agent_sent);
+            let without = deliver(
+                &sh,
+                &sb,
+                &request(&sb, SCOPE_A, "wl", "i2", &second, Verify::Default),
+                &second.bytes,
+            );
+            assert!(!without.agent_sent && !without.done().1);
+            injection = Some((with.elapsed, without.elapsed));
+        }
+        let run = deliver(
+            &sh,
+            &sb,
+            &request(&sb, SCOPE_A, "wl", "cold", &b, Verify::Default),
+            &b.bytes,
+        );
+        assert!(!run.done().1);
+        cold.push(run.elapsed);
+    }
+    let (with, without) = injection.expect("measured");
+    println!(
+        "small cold delivery with the agent's injection {with:?}, with the agent present {without:?} \
+         ({} agent bytes)",
+        fs::metadata(&agent().binary).map(|m| m.len()).unwrap_or(0)
+    );
+    println!(
+        "{:.1} MiB bundle, cold: script (dash/GNU) {:?}, agent ({}) {:?}, ratio {:.2}",
+        b.bytes.len() as f64 / (1 << 20) as f64,
+        cold[0],
+        agent().binary.display(),
+        cold[1],
+        cold[0].as_secs_f64() / cold[1].as_secs_f64()
+    );
+}
+
+/// The `aarch64` build, run under `qemu-aarch64` (Debian `qemu-user`; no
+/// binfmt registration is needed: qemu is called by name, so the launcher
+/// is left out and the agent is started the way the launcher starts it):
+/// a cold delivery, hits with both checks, the script's hit on its tree,
+/// a corrupted transfer and a tampered cache.
+#[test]
+fn the_aarch64_agent_delivers_under_qemu() {
+    let qemu = which("qemu-aarch64")
+        .expect("qemu-aarch64 is not installed (Debian: apt-get install -y qemu-user)");
+    let bin = crate::common::agent::aarch64_agent();
+    let sh = Shell::dash();
+    let sb = Sandbox::new();
+    let b = bundle_exec(&[
+        ("bin/run", b"#!/bin/sh\n", true),
+        ("d/e.txt", &noise(300_000, 21), false),
+        (".h", b"h", false),
+    ]);
+    let start = |req: &DeliverRequest| {
+        let m = &req.manifest;
+        let verify = match req.verify {
+            Verify::Default => "default",
+            Verify::Full => "full",
+        };
+        format!(
+            "exec '{}' '{}' deliver root={} scope={} workload={} run={} revision={} digest={} \
+             size={} inflated={} entries={} verify={verify} names={} modes={} content={}",
+            qemu.display(),
+            bin.display(),
+            req.root,
+            req.scope,
+            req.workload,
+            req.run_id,
+            req.revision,
+            req.bundle_digest,
+            req.bundle_bytes,
+            req.inflated_bytes,
+            req.entries,
+            m.names,
+            m.modes,
+            m.content
+        )
+    };
+    let cold = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
+    let mut bad = b.bytes.clone();
+    bad[200] ^= 0x10;
+    let run = exec(&sh, &start(&cold), sb.dir.path(), &bad, false);
+    assert_eq!(run.error().0, "digest_mismatch", "{}", run.stderr);
+    sb.assert_no_staging();
+    let run = exec(&sh, &start(&cold), sb.dir.path(), &b.bytes, false);
+    let (path, cached) = run.done();
+    assert!(!cached, "{}", run.stderr);
+    assert_eq!(
+        fs::read(Path::new(&path).join("d/e.txt")).unwrap(),
+        noise(300_000, 21)
+    );
+    assert_eq!(
+        fs::metadata(Path::new(&path).join("bin/run"))
+            .unwrap()
+            .mode()
+            & 0o777,
+        0o555
+    );
+    for (run_id, verify) in [("r2", Verify::Default), ("r3", Verify::Full)] {
+        let req = request(&sb, SCOPE_A, "wl", run_id, &b, verify);
+        assert!(exec(&sh, &start(&req), sb.dir.path(), &[], false).done().1);
+    }
+    // The script verifies what the aarch64 agent published, fully.
+    let hit = deliver(
+        &sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "r4", &b, Verify::Full),
+        &[],
+    );
+    assert!(hit.done().1);
+    // A tampered byte: the full check sends it again.
+    let tree = sb.cache_dir(SCOPE_A, &b).join("tree");
+    let file = tree.join("d/e.txt");
+    tamper(&tree.join("d"), Some(&file), || {
+        let mut bytes = fs::read(&file).unwrap();
+        bytes[0] ^= 1;
+        fs::write(&file, bytes).unwrap();
+    });
+    let req = request(&sb, SCOPE_A, "wl", "r5", &b, Verify::Full);
+    let run = exec(&sh, &start(&req), sb.dir.path(), &b.bytes, false);
+    assert_eq!(run.need(), b.report.bundle_bytes);
+    assert!(!run.done().1);
+}
+
+/// SIGTERM mid-transfer: the agent says `ERROR interrupted` (the script's
+/// trap) and exits; the next delivery removes what it left and succeeds.
+#[test]
+fn a_terminated_agent_says_interrupted() {
+    let sh = Shell::agent();
+    let sb = Sandbox::new();
+    let b = bundle(&[("big.bin", &noise(1 << 20, 5))]);
+    let warm = bundle(&[("w", b"w")]);
+    deliver(
+        &sh,
+        &sb,
+        &request(&sb, SCOPE_A, "wl", "warm", &warm, Verify::Default),
+        &warm.bytes,
+    )
+    .done();
+    let req = request(&sb, SCOPE_A, "wl", "r1", &b, Verify::Default);
+    let mut child = command(&sh, &script_for(&sh, &req), sb.dir.path())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        out.read_line(&mut line).expect("read");
+        let parsed = parse_line(&line).expect("a protocol line");
+        let need = matches!(parsed, ScriptLine::Need(_));
+        lines.push(parsed);
+        if need {
+            break;
+        }
+    }
+    stdin
+        .write_all(&b.bytes[..b.bytes.len() / 2])
+        .expect("write half");
+    let staging = sb.root.join(format!("cache/.staging.{}", child.id()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !staging.join("tree/big.bin").exists() {
+        assert!(Instant::now() < deadline, "the extraction never started");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("read the rest");
+    let status = child.wait().expect("wait");
+    drop(stdin);
+    assert_eq!(status.code(), Some(1));
+    assert_eq!(
+        parse_line(rest.trim_end()),
+        Ok(ScriptLine::Error {
+            code: "interrupted".into(),
+            reason: "delivery interrupted by a signal".into()
+        })
+    );
+    assert_eq!(
+        lines.first(),
+        Some(&ScriptLine::Transport(DeliveredBy::Agent))
+    );
+    assert!(!deliver(&sh, &sb, &req, &b.bytes).done().1);
+    sb.assert_no_staging();
 }

@@ -66,7 +66,16 @@ fn build_stage_caches_dependencies_and_copies_only_build_inputs() {
         .filter(|i| i.keyword == "COPY" || i.keyword == "ADD")
         .map(|i| i.args.as_str())
         .collect();
-    assert_eq!(copies, ["Cargo.toml Cargo.lock ./", "src ./src"]);
+    assert_eq!(
+        copies,
+        [
+            "Cargo.toml Cargo.lock ./",
+            "agent/Cargo.toml ./agent/",
+            ".cargo ./.cargo",
+            "src ./src",
+            "agent/src ./agent/src"
+        ]
+    );
     // The dependency build comes between the manifest and the sources.
     let pos = |k: &str, a: &str| {
         build
@@ -119,7 +128,8 @@ fn stub_sources_satisfy_cargo() {
         .collect();
     assert!(!setup.is_empty(), "{run:?}");
     let dir = tempfile::tempdir().unwrap();
-    for f in ["Cargo.toml", "Cargo.lock"] {
+    std::fs::create_dir(dir.path().join("agent")).unwrap();
+    for f in ["Cargo.toml", "Cargo.lock", "agent/Cargo.toml"] {
         std::fs::copy(Path::new(ROOT).join(f), dir.path().join(f)).unwrap();
     }
     let status = Command::new("sh")
@@ -183,7 +193,7 @@ fn runtime_is_distroless_nonroot_with_oci_labels() {
         .collect();
     assert_eq!(
         copies,
-        ["--from=build /out/context-service /out/contextctl /usr/local/bin/"]
+        ["--from=build /out/context-service /out/contextctl /out/context-agent-x86_64 /out/context-agent-aarch64 /usr/local/bin/"]
     );
     assert!(runtime
         .iter()

@@ -6,6 +6,7 @@
 //! their process; each uses a part, hence `dead_code` is allowed.
 #![allow(dead_code)]
 
+pub(crate) mod agent;
 pub(crate) mod answers;
 mod archive;
 mod caller;
