@@ -23,6 +23,16 @@
 //!    and exits 0, or `ERROR <code> <reason>` ([`ScriptLine::Error`]) and
 //!    exits non-zero. stderr is for logs only.
 //!
+//! With agents offered ([`render_deliver_with_agent`]) the command is the
+//! launcher (`launch.sh`) followed by the same script. Before `NEED` it may
+//! print `AGENT <arch>` ([`ScriptLine::Agent`]): the gateway then writes
+//! exactly that agent's bytes (it knows their sha256 and size; the launcher
+//! checks the digest before `chmod 0555` and keeps the agent at
+//! `<root>/bin/<sha256>/context-agent`). It then prints `TRANSPORT agent`
+//! and execs the agent (`agent/`), which speaks steps 1–2 itself, or
+//! `TRANSPORT script` and lets the script run (unknown arch, a damaged or
+//! unrunnable agent, a `noexec` root). Each outcome reports which.
+//!
 //! [`render_release`] prints `{"released":true|false}` or `ERROR …`.
 //! [`parse_line`] turns any of these lines into a [`ScriptLine`].
 //!
@@ -38,6 +48,8 @@
 //! runs/<scope>/<workload>/<runId>        the run's view: symlink ../../../cache/<key>/tree
 //! idle/<scope>/<seq>-<revision>          unreferenced revisions kept by retention, oldest first
 //! idle/.seq                              the counter that orders them
+//! bin/<sha256>/context-agent             the injected agent (0555)
+//! bin/.incoming.<pid>                    an agent being received
 //! ```
 //!
 //! The scope is part of every path, so two owners delivering the same
@@ -80,6 +92,8 @@
 //! # Modules
 //!
 //! - [`port`]: [`SandboxExec`], the exec port the sandbox backends implement;
+//! - [`agent`]: the agents the gateway ships and the transport setting;
+//! - [`rules`]: the value and member-name rules, shared with the agent;
 //! - `script`: the scripts, their renderer and the line parser (above);
 //! - [`service`]: [`DeliveryService`]: validation, targets (`targets`),
 //!   single-flight per sandbox, scope and revision (`flight`), the bundle
