@@ -21,8 +21,8 @@ use std::thread::Scope;
 use flate2::bufread::GzDecoder;
 
 use super::affinity::Helper;
+use super::counters::{untrap, Trap};
 use super::error::BundleError;
-use super::reader::{untrap, Trap};
 use super::threads::{spawn, Joined};
 
 /// Compressed bytes per chunk sent to the helper: each is one read of the

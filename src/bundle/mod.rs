@@ -14,6 +14,7 @@ mod affinity;
 mod budget;
 mod canonical;
 mod context_layout;
+mod counters;
 mod error;
 mod inflate;
 mod limits;

@@ -42,11 +42,12 @@ use writer::{hex, AppendError, CanonicalTar};
 
 use super::budget::Charge;
 use super::context_layout;
+use super::counters::{trip, CompressedCounter, InflateCounter, Trap};
 use super::error::BundleError;
 use super::inflate::ParallelGz;
 use super::limits::{CanonicalOptions, Limits};
 use super::path::{canonical_cmp, CanonPath};
-use super::reader::{trip, CompressedCounter, InflateCounter, MemberKind, TarWalker, Trap};
+use super::reader::{MemberKind, TarWalker};
 use super::report::{Inspection, Report};
 use super::spool::{RangeReader, Spool};
 use super::threads::Joined;
