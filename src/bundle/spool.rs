@@ -368,7 +368,7 @@ mod tests {
     }
 
     #[test]
-    fn small_files_in_random_order_load_each_block_one_time() {
+    fn small_files_in_random_order_load_each_spool_block_a_single_time() {
         // 1.5 KiB pieces over 20 blocks, many straddling a block edge.
         let (file, pieces) = small_pieces(20 * BLOCK / 1536, 1536);
         for i in shuffled(pieces.len()) {
